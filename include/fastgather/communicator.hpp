@@ -1,0 +1,79 @@
+// The communicator: one per process, started without a launcher from rank,
+// world size and the master's ip:port. Groups are subsets of its ranks.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastgather/status.hpp"
+
+namespace fastgather {
+
+struct Config {
+  int rank = -1;
+  int world_size = -1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int servers = 1;       // SERVER_NUM
+  int server_index = 0;  // SERVER_INDEX
+  // A peer that has not arrived after this long fails the call (0: wait forever).
+  // A peer whose process has died is detected within ~10 ms regardless.
+  std::chrono::milliseconds timeout{5000};
+  std::string token;  // FG_TOKEN: every rank must present the same one to the store
+
+  int ranks_per_server() const { return world_size / servers; }
+  int server_of(int r) const { return r / ranks_per_server(); }
+  Status validate() const;
+};
+
+class Group;
+
+class Communicator {
+ public:
+  // Collective over all world ranks: connects to (rank 0: hosts) the
+  // rendezvous store and builds the world group.
+  static Result<std::unique_ptr<Communicator>> create(const Config& config);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  const Config& config() const;
+  Group& world();
+
+  // Collective over the members of `ranks` only (not over the world). The
+  // returned group lives as long as the communicator.
+  Result<Group*> new_group(std::vector<int> ranks);
+  // The original script's layout: tp groups of dp ranks, group k holding
+  // ranks k, k+tp, k+2tp, ...; returns the one holding this rank.
+  Result<Group*> tp_group_of_dp(int tp, int dp);
+
+  struct Impl;
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Members run collectives in the same order. Not thread-safe: one thread
+// drives a group at a time; different groups may run concurrently.
+class Group {
+ public:
+  int rank() const;  // position of this process in ranks()
+  int size() const;
+  const std::vector<int>& ranks() const;  // world ranks, ascending
+  std::string describe() const;           // "group [0,2,4]"
+
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+  explicit Group(std::unique_ptr<Impl> impl);
+  ~Group();
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fastgather

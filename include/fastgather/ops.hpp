@@ -1,0 +1,37 @@
+// Collectives on a Group. Every member calls the same op with matching
+// sizes and dtypes; a disagreement is an ErrorKind::kMismatch on every member.
+#pragma once
+
+#include <optional>
+#include <span>
+
+#include "fastgather/communicator.hpp"
+#include "fastgather/status.hpp"
+#include "fastgather/tensor.hpp"
+
+namespace fastgather {
+
+// out holds group.size() inputs back to back, in group-rank order.
+Status all_gather(Group& group, const TensorView& input, const TensorView& output);
+
+// outputs[i] receives group rank i's input. Each peer's bytes land straight
+// in outputs[i]: no staging copy beyond what the contiguous form does.
+Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs);
+
+struct AllGatherMatmulOptions {
+  bool gather_output = true;  // fill gather_out = allgather(x1)
+  int gemm_threads = 1;       // OpenBLAS threads for this call
+};
+
+// npu_all_gather_base_mm: x1 (m, k) on each rank, x2 (k, n), bias (n) or none.
+// output (m*size, n) = allgather(x1) @ x2 + bias, in x1's dtype;
+// gather_out (m*size, k) = allgather(x1) when options.gather_output.
+// fp32, fp16 and bf16, accumulating in fp32.
+Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2,
+                         const std::optional<TensorView>& bias, const TensorView& output,
+                         const TensorView& gather_out, const AllGatherMatmulOptions& options = {});
+
+// A group barrier through the same shared-memory channel.
+Status barrier(Group& group);
+
+}  // namespace fastgather

@@ -1,0 +1,65 @@
+// A non-owning view of a dense row-major tensor, and a small owning Tensor
+// for programs and tests that need storage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fastgather {
+
+enum class DType : uint32_t { kF32 = 1, kF16, kBF16, kF64, kI8, kU8, kI32, kI64 };
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+// Parses "fp32"/"f32"/"float32", "fp16"/"f16"/"float16", "bf16"/"bfloat16", ...
+bool parse_dtype(const std::string& text, DType* out);
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;  // row-major, contiguous
+
+  TensorView() = default;
+  TensorView(void* d, DType t, std::vector<int64_t> s) : data(d), dtype(t), shape(std::move(s)) {}
+
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  int64_t dim(size_t i) const { return i < shape.size() ? shape[i] : 1; }
+  std::string describe() const;  // "f16[16, 3072]"
+};
+
+// Owning, 64-byte aligned storage.
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(DType dtype, std::vector<int64_t> shape);
+  static Tensor zeros(DType dtype, std::vector<int64_t> shape);
+
+  TensorView view() const { return {data_.get(), dtype_, shape_}; }
+  void* data() const { return data_.get(); }
+  template <typename T>
+  T* data_as() const { return static_cast<T*>(static_cast<void*>(data_.get())); }
+  size_t nbytes() const { return view().nbytes(); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<std::byte[], Free> data_;
+  DType dtype_ = DType::kU8;
+  std::vector<int64_t> shape_;
+};
+
+// Scalar conversions used by the fused op and by tests' references.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);  // round to nearest even
+float bf16_to_float(uint16_t b);
+uint16_t float_to_bf16(float f);  // round to nearest even
+
+}  // namespace fastgather

@@ -1,0 +1,55 @@
+// All-gather over a group's shared-memory channel, and the size-based choice
+// of protocol. An algorithm sees only the channel and a sink that receives
+// each member's bytes where they can be read; what the op does with them
+// (copy into an output, multiply them) is the sink's business.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "algo/function_ref.hpp"
+#include "fastgather/status.hpp"
+#include "transport/shm_channel.hpp"
+
+namespace fastgather::algo {
+
+enum class OpCode : uint32_t { kAllGather = 1, kAllGatherMatmul = 2, kBarrier = 3 };
+const char* op_name(OpCode op);
+
+enum class Protocol {
+  kInline,  // bytes ride in the post line: one cache-line transfer per peer
+  kSlots,   // one-shot: copy in to own slot, peers copy out, chunked by slot size
+};
+
+struct ProtocolRule {
+  size_t max_bytes;  // per member, inclusive
+  Protocol protocol;
+  const char* name;
+};
+// Ordered by max_bytes; the first rule that fits is taken.
+std::span<const ProtocolRule> protocol_table();
+const ProtocolRule& choose_protocol(size_t bytes_per_member);
+
+struct GatherCall {
+  OpCode op = OpCode::kAllGather;
+  uint32_t dtype = 0;
+  uint64_t aux = 0;             // compared across members (k for the fused op)
+  const char* aux_name = "aux";
+  const std::byte* input = nullptr;
+  size_t bytes = 0;             // per member
+  size_t align = 1;             // every piece is a multiple of this (a row)
+};
+
+// sink(member, offset, src, len): bytes [offset, offset+len) of member's input
+// are readable at src until the sink returns. Called for this member's own
+// input too (src = input), once, while peers are still copying in.
+using PieceSink = FunctionRef<void(int member, size_t offset, const std::byte* src, size_t len)>;
+
+Status gather(transport::ShmChannel& channel, const GatherCall& call, PieceSink sink);
+
+// Largest piece the slots protocol hands to the sink for this alignment (0: a
+// row does not fit a slot).
+size_t max_piece(const transport::ShmChannel& channel, size_t align);
+
+}  // namespace fastgather::algo

@@ -1,0 +1,85 @@
+// Out-of-band rendezvous: a small key-value store over TCP, hosted by world
+// rank 0, used only while ranks meet (never for collective data).
+//
+// Frame: u32 length (of what follows, at most kMaxFrame), u8 op, payload.
+// Strings are u32 length + bytes. The first frame of a connection must be
+// HELLO carrying the job token; anything malformed closes that connection
+// and nothing else.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "fastgather/status.hpp"
+
+namespace fastgather::bootstrap {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kMaxFrame = 1u << 20;
+constexpr size_t kMaxKey = 1024;
+
+enum class StoreOp : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kBye = 5 };
+enum class StoreReply : uint8_t { kOk = 0, kError = 1 };
+
+// Parses one request from buf. Returns the frame's size if a whole valid
+// frame is there, 0 if more bytes are needed, and -1 if the bytes can never
+// become a valid frame. Kept apart from the sockets so it can be fuzzed.
+struct StoreRequest {
+  StoreOp op{};
+  std::string key;    // token for HELLO
+  std::string value;  // SET
+  int64_t delta = 0;  // ADD
+};
+int64_t parse_store_request(std::string_view buf, StoreRequest* out);
+std::string encode_store_request(const StoreRequest& req);
+
+class TcpStoreServer {
+ public:
+  // Listens on addr:port (port 0 picks one; see port()).
+  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& addr, int port,
+                                                       std::string token);
+  ~TcpStoreServer();
+  int port() const { return port_; }
+  // Waits until every client that said HELLO has closed, or until deadline.
+  void drain(Clock::time_point deadline);
+  uint64_t rejected_connections() const;
+
+ private:
+  TcpStoreServer() = default;
+  void loop();
+  struct State;
+  std::unique_ptr<State> state_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+class TcpStoreClient {
+ public:
+  // Retries refused connections (rank 0 may not listen yet) until deadline.
+  static Result<std::unique_ptr<TcpStoreClient>> connect(const std::string& addr, int port,
+                                                         const std::string& token,
+                                                         Clock::time_point deadline);
+  ~TcpStoreClient();
+
+  Status set(const std::string& key, const std::string& value);
+  // Blocks until key exists or deadline passes.
+  Result<std::string> get(const std::string& key, Clock::time_point deadline);
+  Result<int64_t> add(const std::string& key, int64_t delta);
+  // All `count` participants call with the same name; returns when all have.
+  Status barrier(const std::string& name, int count, Clock::time_point deadline);
+
+ private:
+  explicit TcpStoreClient(int fd) : fd_(fd) {}
+  Result<std::string> call(const StoreRequest& req, Clock::time_point deadline);
+  int fd_ = -1;
+  std::string peer_;
+};
+
+}  // namespace fastgather::bootstrap

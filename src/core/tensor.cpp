@@ -1,0 +1,145 @@
+#include "fastgather/tensor.hpp"
+
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+namespace fastgather {
+
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+    case DType::kF64: return 8;
+    case DType::kI8: return 1;
+    case DType::kU8: return 1;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kF32: return "fp32";
+    case DType::kF16: return "fp16";
+    case DType::kBF16: return "bf16";
+    case DType::kF64: return "fp64";
+    case DType::kI8: return "int8";
+    case DType::kU8: return "uint8";
+    case DType::kI32: return "int32";
+    case DType::kI64: return "int64";
+  }
+  return "invalid-dtype";
+}
+
+bool parse_dtype(const std::string& t, DType* out) {
+  struct Name {
+    const char* text;
+    DType dtype;
+  };
+  static const Name kNames[] = {
+      {"fp32", DType::kF32},  {"f32", DType::kF32},   {"float32", DType::kF32}, {"float", DType::kF32},
+      {"fp16", DType::kF16},  {"f16", DType::kF16},   {"float16", DType::kF16}, {"half", DType::kF16},
+      {"bf16", DType::kBF16}, {"bfloat16", DType::kBF16}, {"fp64", DType::kF64}, {"f64", DType::kF64},
+      {"float64", DType::kF64}, {"int8", DType::kI8}, {"uint8", DType::kU8}, {"int32", DType::kI32},
+      {"int64", DType::kI64},
+  };
+  for (const auto& n : kNames) {
+    if (t == n.text) {
+      *out = n.dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::describe() const { return fmt::format("{}[{}]", dtype_name(dtype), fmt::join(shape, ", ")); }
+
+void Tensor::Free::operator()(void* p) const { std::free(p); }
+
+Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  size_t bytes = (t.view().nbytes() + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  t.data_.reset(static_cast<std::byte*>(p));
+  return t;
+}
+
+Tensor Tensor::zeros(DType dtype, std::vector<int64_t> shape) {
+  Tensor t = empty(dtype, std::move(shape));
+  std::memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+uint16_t float_to_half(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (absx < 0x38800000u) {                                              // subnormal or zero in half
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    // value = m * 2^(e-150); a half subnormal counts units of 2^-24, so q = m * 2^(e-126).
+    const uint32_t e = absx >> 23;
+    const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    const uint32_t sh = 126 - e;  // 14..24
+    uint32_t q = m >> sh;
+    const uint32_t rem = m & ((1u << sh) - 1);
+    const uint32_t half = 1u << (sh - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t h = ((absx - 0x38000000u) >> 13);
+  const uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+}  // namespace fastgather

@@ -1,0 +1,167 @@
+// Fused all-gather + matmul (npu_all_gather_base_mm semantics). Each
+// member's rows are multiplied as they arrive, straight from the peer's
+// shared-memory slot: this rank's own rows while peers still copy in, and
+// without a copy at all when gather_output is false.
+#include <cblas.h>
+
+#include <cstring>
+
+#include "algo/allgather.hpp"
+#include "core/group_impl.hpp"
+#include "fastgather/ops.hpp"
+#include "ops/convert.hpp"
+#include "ops/validate.hpp"
+
+namespace fastgather {
+namespace {
+
+constexpr const char* kOp = "all_gather_matmul";
+
+void set_blas_threads(int threads) {
+  static thread_local int current = -1;
+  if (threads < 1) threads = 1;
+  if (threads != current) {
+    openblas_set_num_threads(threads);
+    current = threads;
+  }
+}
+
+Status check_args(const Group& g, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
+                  const TensorView& output, const TensorView& gather_out, bool gather_output) {
+  const DType dt = x1.dtype;
+  if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16) {
+    return ops::invalid(g, kOp, fmt::format("x1 is {}; supported dtypes are fp32, fp16 and bf16", dtype_name(dt)));
+  }
+  if (x1.shape.size() != 2) return ops::invalid(g, kOp, fmt::format("x1 must be 2-D (m, k), got {}", x1.describe()));
+  if (x2.shape.size() != 2) return ops::invalid(g, kOp, fmt::format("x2 must be 2-D (k, n), got {}", x2.describe()));
+  if (x2.dtype != dt) return ops::invalid(g, kOp, fmt::format("x2 is {}, x1 is {}", dtype_name(x2.dtype), dtype_name(dt)));
+  const int64_t m = x1.shape[0], k = x1.shape[1], n = x2.shape[1], w = g.size();
+  if (x2.shape[0] != k) {
+    return ops::invalid(g, kOp, fmt::format("x1 {} has k={}, x2 {} has {} rows", x1.describe(), k, x2.describe(), x2.shape[0]));
+  }
+  for (const auto* t : {&x1, &x2, &output}) {
+    if (Status s = ops::need_data(g, kOp, t == &x1 ? "x1" : t == &x2 ? "x2" : "output", *t); !s.ok()) return s;
+  }
+  if (output.dtype != dt || output.shape != std::vector<int64_t>{m * w, n}) {
+    return ops::invalid(g, kOp, fmt::format("output is {}, expected {}[{}, {}]", output.describe(), dtype_name(dt), m * w, n));
+  }
+  if (bias) {
+    if (Status s = ops::need_data(g, kOp, "bias", *bias); !s.ok()) return s;
+    if (bias->dtype != dt || bias->numel() != n || bias->shape.size() != 1) {
+      return ops::invalid(g, kOp, fmt::format("bias is {}, expected {}[{}]", bias->describe(), dtype_name(dt), n));
+    }
+  }
+  if (gather_output) {
+    if (Status s = ops::need_data(g, kOp, "gather_out", gather_out); !s.ok()) return s;
+    if (gather_out.dtype != dt || gather_out.shape != std::vector<int64_t>{m * w, k}) {
+      return ops::invalid(g, kOp, fmt::format("gather_out is {}, expected {}[{}, {}]", gather_out.describe(),
+                                              dtype_name(dt), m * w, k));
+    }
+    if (ops::overlaps(gather_out.data, gather_out.nbytes(), x1.data, x1.nbytes()) ||
+        ops::overlaps(gather_out.data, gather_out.nbytes(), output.data, output.nbytes())) {
+      return ops::invalid(g, kOp, "gather_out overlaps x1 or output");
+    }
+  }
+  if (ops::overlaps(output.data, output.nbytes(), x1.data, x1.nbytes()) ||
+      ops::overlaps(output.data, output.nbytes(), x2.data, x2.nbytes())) {
+    return ops::invalid(g, kOp, "output overlaps x1 or x2");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
+                         const TensorView& output, const TensorView& gather_out, const AllGatherMatmulOptions& options) {
+  if (Status s = check_args(group, x1, x2, bias, output, gather_out, options.gather_output); !s.ok()) return s;
+  const DType dt = x1.dtype;
+  const size_t elt = dtype_size(dt);
+  const size_t m = static_cast<size_t>(x1.shape[0]), k = static_cast<size_t>(x1.shape[1]);
+  const size_t n = static_cast<size_t>(x2.shape[1]);
+  const size_t row_bytes = k * elt;
+  auto& ch = channel_of(group);
+  const size_t max_rows = row_bytes == 0 ? 0 : algo::max_piece(ch, row_bytes) / row_bytes;
+  if (row_bytes != 0 && max_rows == 0) {
+    return {ErrorKind::kUnsupported, fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte slot; raise FG_SLOT_BYTES",
+                                                 kOp, group.describe(), row_bytes, ch.slot_bytes())};
+  }
+  set_blas_threads(options.gemm_threads);
+
+  // fp32 views of B and scratch for A rows and C rows when the dtype is half.
+  const bool is_f32 = dt == DType::kF32;
+  // Rows multiplied at once: a slot's worth (k = 0 moves nothing; any block size serves).
+  const size_t block_rows = max_rows != 0 ? max_rows : std::max<size_t>(m, 1);
+  auto& scratch = group.impl()->scratch;
+  const size_t need = is_f32 ? 0 : k * n + block_rows * k + block_rows * n + n;
+  if (scratch.size() < need) scratch.resize(need);
+  const float* B = static_cast<const float*>(x2.data);
+  float* a_buf = nullptr;
+  float* c_buf = nullptr;
+  float* bias_f = nullptr;
+  if (!is_f32) {
+    float* b_buf = scratch.data();
+    ops::to_float(dt, x2.data, b_buf, k * n);
+    B = b_buf;
+    a_buf = b_buf + k * n;
+    c_buf = a_buf + block_rows * k;
+    bias_f = c_buf + block_rows * n;
+    if (bias) ops::to_float(dt, bias->data, bias_f, n);
+  } else if (bias) {
+    bias_f = static_cast<float*>(bias->data);
+  }
+
+  auto* out_bytes = static_cast<std::byte*>(output.data);
+  auto* gather_bytes = static_cast<std::byte*>(gather_out.data);
+  algo::GatherCall call;
+  call.op = algo::OpCode::kAllGatherMatmul;
+  call.dtype = static_cast<uint32_t>(dt);
+  call.aux = k;
+  call.aux_name = "k";
+  call.input = static_cast<const std::byte*>(x1.data);
+  call.bytes = m * row_bytes;
+  call.align = row_bytes == 0 ? 1 : row_bytes;
+
+  // Multiplies rows [row0, row0+rows) of allgather(x1), readable at src.
+  auto multiply = [&](size_t row0, size_t rows, const std::byte* src) {
+    const float* A = reinterpret_cast<const float*>(src);
+    float* C = is_f32 ? reinterpret_cast<float*>(out_bytes + row0 * n * elt) : c_buf;
+    if (!is_f32) {
+      ops::to_float(dt, src, a_buf, rows * k);
+      A = a_buf;
+    }
+    float beta = 0.0f;
+    if (bias_f != nullptr) {
+      for (size_t r = 0; r < rows; ++r) std::memcpy(C + r * n, bias_f, n * sizeof(float));
+      beta = 1.0f;
+    }
+    if (k == 0 && bias_f == nullptr) std::memset(C, 0, rows * n * sizeof(float));
+    if (n != 0 && k != 0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n),
+                  static_cast<int>(k), 1.0f, A, static_cast<int>(k), B, static_cast<int>(n), beta, C, static_cast<int>(n));
+    }
+    if (!is_f32) ops::from_float(dt, c_buf, out_bytes + row0 * n * elt, rows * n);
+  };
+
+  Status st = algo::gather(ch, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+    const size_t first_row = static_cast<size_t>(member) * m + off / row_bytes;
+    if (options.gather_output) {
+      std::byte* dst = gather_bytes + first_row * row_bytes;
+      std::memcpy(dst, src, len);
+      src = dst;  // now hot in this core's cache
+    }
+    // This rank's own rows come as one piece; bound the fp32 scratch by slicing.
+    const size_t rows = len / row_bytes;
+    for (size_t r = 0; r < rows; r += block_rows) {
+      multiply(first_row + r, std::min(block_rows, rows - r), src + r * row_bytes);
+    }
+  });
+  if (st.ok() && k == 0) {
+    // No bytes moved, but the output is still bias (or zero) broadcast over m*size rows.
+    for (size_t r = 0; r < m * static_cast<size_t>(group.size()); r += block_rows) {
+      multiply(r, std::min(block_rows, m * group.size() - r), nullptr);
+    }
+  }
+  return st;
+}
+
+}  // namespace fastgather

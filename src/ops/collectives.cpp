@@ -1,0 +1,79 @@
+#include <cstring>
+
+#include "algo/allgather.hpp"
+#include "core/group_impl.hpp"
+#include "fastgather/ops.hpp"
+#include "ops/validate.hpp"
+
+namespace fastgather {
+
+namespace {
+
+algo::GatherCall gather_call(const TensorView& input) {
+  algo::GatherCall call;
+  call.op = algo::OpCode::kAllGather;
+  call.dtype = static_cast<uint32_t>(input.dtype);
+  call.input = static_cast<const std::byte*>(input.data);
+  call.bytes = input.nbytes();
+  return call;
+}
+
+}  // namespace
+
+Status all_gather(Group& group, const TensorView& input, const TensorView& output) {
+  constexpr const char* kOp = "all_gather";
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) return s;
+  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) return s;
+  const size_t bytes = input.nbytes();
+  const size_t n = static_cast<size_t>(group.size());
+  if (output.dtype != input.dtype) {
+    return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype), dtype_name(input.dtype)));
+  }
+  if (output.nbytes() != bytes * n) {
+    return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; {} ranks x {} input bytes need {}",
+                                                output.describe(), output.nbytes(), n, bytes, bytes * n));
+  }
+  auto* out = static_cast<std::byte*>(output.data);
+  const auto* own_slot = out + static_cast<size_t>(group.rank()) * bytes;
+  // In place (input is this rank's block of output) is fine; any other overlap is not.
+  if (input.data != own_slot && ops::overlaps(input.data, bytes, out, bytes * n)) {
+    return ops::invalid(group, kOp, "input overlaps output other than as this rank's own block");
+  }
+  return algo::gather(channel_of(group), gather_call(input), [&](int member, size_t off, const std::byte* src, size_t len) {
+    std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
+    if (dst != src) std::memcpy(dst, src, len);
+  });
+}
+
+Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs) {
+  constexpr const char* kOp = "all_gather(list)";
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) return s;
+  const size_t bytes = input.nbytes();
+  if (outputs.size() != static_cast<size_t>(group.size())) {
+    return ops::invalid(group, kOp, fmt::format("{} output buffers for {} ranks", outputs.size(), group.size()));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const TensorView& o = outputs[i];
+    const std::string what = fmt::format("outputs[{}]", i);
+    if (Status s = ops::need_data(group, kOp, what.c_str(), o); !s.ok()) return s;
+    if (o.dtype != input.dtype || o.nbytes() != bytes) {
+      return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes)", what, o.describe(),
+                                                  o.nbytes(), input.describe(), bytes));
+    }
+    if (o.data != input.data && ops::overlaps(o.data, bytes, input.data, bytes)) {
+      return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
+    }
+  }
+  return algo::gather(channel_of(group), gather_call(input), [&](int member, size_t off, const std::byte* src, size_t len) {
+    std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
+    if (dst != src) std::memcpy(dst, src, len);
+  });
+}
+
+Status barrier(Group& group) {
+  algo::GatherCall call;
+  call.op = algo::OpCode::kBarrier;
+  return algo::gather(channel_of(group), call, [](int, size_t, const std::byte*, size_t) {});
+}
+
+}  // namespace fastgather

@@ -1,0 +1,123 @@
+// The shared-memory channel of one group: per member, two post lines
+// (rotated by step parity) and two data slots. It moves bytes and announces
+// steps; it makes no decisions about algorithms.
+//
+// Synchronisation, in the shape of Open MPI's xhc and MPICH's release_gather:
+// - every member owns a monotonically increasing step counter, published
+//   with a release store on a cache line only that member writes;
+// - a step's header and up to kInlineBytes of data share that line, so a
+//   small message costs one line transfer;
+// - slots and lines rotate by step parity: a member that has posted step t
+//   has finished reading everyone's step t-1, so step t+1 can reuse the
+//   parity of t-1 without a closing barrier (DeepSpeed/vLLM shm);
+// - waiting spins briefly, then yields, then sleeps on a futex, checking
+//   the peer's liveness and the deadline between sleeps.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastgather/status.hpp"
+#include "transport/shm_segment.hpp"
+
+namespace fastgather::transport {
+
+constexpr size_t kInlineBytes = 32;
+
+struct PostHeader {
+  uint64_t bytes = 0;  // payload of the whole call per member
+  uint32_t op = 0;
+  uint32_t dtype = 0;
+  uint64_t aux = 0;  // op-specific (k for the fused op)
+  bool operator==(const PostHeader&) const = default;
+};
+
+struct alignas(64) PostLine {
+  std::atomic<uint64_t> step{0};  // stored last, with release
+  PostHeader header;
+  unsigned char inline_data[kInlineBytes];
+};
+static_assert(sizeof(PostLine) == 64);
+
+struct alignas(64) MemberLine {
+  std::atomic<uint32_t> futex_word{0};  // bumped on a post while someone sleeps
+  std::atomic<uint32_t> sleepers{0};    // waiters asleep on futex_word
+  std::atomic<int32_t> pid{0};
+  std::atomic<uint32_t> aborted{0};  // this member gave up on the group
+};
+
+struct MemberCtl {
+  PostLine post[2];
+  MemberLine wake;
+};
+
+struct WaitPolicy {
+  std::chrono::nanoseconds spin{20'000};
+  std::chrono::nanoseconds yield{200'000};
+  std::chrono::milliseconds timeout{5000};  // 0: never
+  // Reads FG_SPIN_US and FG_YIELD_US; spins less when members outnumber cores.
+  static WaitPolicy for_members(int members, std::chrono::milliseconds timeout);
+};
+
+class ShmChannel {
+ public:
+  static size_t segment_bytes(int members, size_t slot_bytes);
+  // The creator formats a fresh segment; the others attach to it. `me` is
+  // this process's member index. Call publish_pid() then, once every member
+  // is attached (a barrier), watch_members().
+  // world_ranks[m] names member m in error messages; label names the group.
+  ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t slot_bytes, WaitPolicy policy,
+             std::string label);
+  ~ShmChannel();
+
+  static void format(std::byte* base, int members, size_t slot_bytes);
+  Status check_format() const;
+  void publish_pid();
+  Status watch_members();  // opens a pidfd per member: death is noticed at once
+  void unlink_name() { segment_.unlink(); }
+
+  int members() const { return members_; }
+  int world_rank(int member) const { return world_ranks_[member]; }
+  int me() const { return me_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  const std::string& label() const { return label_; }
+
+  uint64_t next_step() { return ++step_; }
+  std::byte* slot(int member, uint64_t step) const {
+    return data_ + (static_cast<size_t>(member) * 2 + (step & 1)) * slot_bytes_;
+  }
+  // Publishes this member's step, with header and optional inline bytes.
+  void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0);
+  // Waits until `member` has posted `step`. Errors are sticky (see broken()).
+  Result<const PostLine*> wait(int member, uint64_t step);
+
+  // A group that timed out or lost a member stays broken: every later call
+  // returns the same error, and peers see this member as aborted.
+  const Status& broken() const { return broken_; }
+  void abort(Status why);
+
+ private:
+  MemberCtl& ctl(int m) const { return ctl_[m]; }
+  bool member_dead(int m) const;
+  Status slow_wait(int member, uint64_t step, const PostLine& line);
+
+  ShmSegment segment_;
+  std::vector<int> world_ranks_;
+  int members_;
+  int me_;
+  size_t slot_bytes_;
+  WaitPolicy policy_;
+  std::string label_;
+  MemberCtl* ctl_ = nullptr;
+  std::byte* data_ = nullptr;
+  uint64_t step_ = 0;
+  std::vector<int> pidfds_;
+  std::vector<int> pids_;
+  Status broken_;
+};
+
+}  // namespace fastgather::transport

@@ -1,0 +1,133 @@
+#include "transport/shm_segment.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace fastgather::transport {
+namespace {
+
+constexpr const char* kPrefix = "fg-";
+
+Result<ShmSegment> fail(const std::string& what, const std::string& name) {
+  return Status{ErrorKind::kSystem, fmt::format("{} shared-memory segment {}: {}", what, name, std::strerror(errno))};
+}
+
+}  // namespace
+
+std::string ShmSegment::segment_name(const std::string& job_id, int creator_pid, int serial) {
+  return fmt::format("/{}{}-{}-{}", kPrefix, job_id, creator_pid, serial);
+}
+
+Result<ShmSegment> ShmSegment::create(const std::string& name, size_t bytes) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("cannot create", name);
+  ShmSegment seg;
+  seg.name_ = name;
+  seg.owns_name_ = true;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    auto r = fail("cannot size", name);
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return r;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    auto r = fail("cannot map", name);
+    ::shm_unlink(name.c_str());
+    return r;
+  }
+  seg.addr_ = p;
+  seg.size_ = bytes;
+  return seg;
+}
+
+Result<ShmSegment> ShmSegment::open(const std::string& name, size_t bytes) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("cannot open", name);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
+    ::close(fd);
+    return Status{ErrorKind::kSystem,
+                  fmt::format("shared-memory segment {} holds {} bytes, expected {}", name, st.st_size, bytes)};
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return fail("cannot map", name);
+  ShmSegment seg;
+  seg.name_ = name;
+  seg.addr_ = p;
+  seg.size_ = bytes;
+  return seg;
+}
+
+ShmSegment::ShmSegment(ShmSegment&& o) noexcept { *this = std::move(o); }
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
+  if (this != &o) {
+    this->~ShmSegment();
+    name_ = std::move(o.name_);
+    addr_ = o.addr_;
+    size_ = o.size_;
+    owns_name_ = o.owns_name_;
+    o.addr_ = nullptr;
+    o.size_ = 0;
+    o.owns_name_ = false;
+  }
+  return *this;
+}
+
+ShmSegment::~ShmSegment() {
+  unlink();
+  if (addr_ != nullptr) ::munmap(addr_, size_);
+  addr_ = nullptr;
+}
+
+void ShmSegment::unlink() {
+  if (owns_name_) ::shm_unlink(name_.c_str());
+  owns_name_ = false;
+}
+
+namespace {
+template <typename Pred>
+int sweep(Pred&& should_remove) {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.rfind(kPrefix, 0) != 0) continue;
+    if (should_remove(n) && ::shm_unlink(("/" + n).c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
+}  // namespace
+
+int ShmSegment::sweep_stale() {
+  return sweep([](const std::string& n) {
+    // fg-<job>-<pid>-<serial>
+    auto last = n.rfind('-');
+    if (last == std::string::npos || last == 0) return false;
+    auto prev = n.rfind('-', last - 1);
+    if (prev == std::string::npos) return false;
+    int pid = std::atoi(n.substr(prev + 1, last - prev - 1).c_str());
+    return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+  });
+}
+
+int ShmSegment::sweep_job(const std::string& job_id) {
+  const std::string prefix = std::string(kPrefix) + job_id + "-";
+  return sweep([&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+}
+
+}  // namespace fastgather::transport

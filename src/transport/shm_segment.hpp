@@ -1,0 +1,46 @@
+// RAII over one POSIX shared-memory segment: created 0600 under a name that
+// carries the job id and the creator's pid, so a crash leaves nothing a later
+// run cannot reclaim (sweep_stale removes segments whose creator is dead).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "fastgather/status.hpp"
+
+namespace fastgather::transport {
+
+class ShmSegment {
+ public:
+  // name: "/fg-<job>-<pid>-<n>", see segment_name().
+  static Result<ShmSegment> create(const std::string& name, size_t bytes);
+  static Result<ShmSegment> open(const std::string& name, size_t bytes);
+
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  ~ShmSegment();
+
+  // Removes the name once every member has mapped it; the mapping stays.
+  void unlink();
+  std::byte* data() const { return static_cast<std::byte*>(addr_); }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+  static std::string segment_name(const std::string& job_id, int creator_pid, int serial);
+  // Unlinks /dev/shm/fg-* segments whose creator process no longer exists.
+  // Returns how many were removed.
+  static int sweep_stale();
+  // Unlinks every segment of one job (a spawner's cleanup after its ranks exit).
+  static int sweep_job(const std::string& job_id);
+
+ private:
+  ShmSegment() = default;
+  std::string name_;
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+  bool owns_name_ = false;
+};
+
+}  // namespace fastgather::transport

@@ -1,0 +1,133 @@
+#include "harness.hpp"
+
+#include "pattern.hpp"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+namespace fgtest {
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options) {
+  const int port = free_port();
+  std::vector<pid_t> pids(world, -1);
+  std::vector<int> pipes(world, -1);
+  std::fflush(nullptr);
+  for (int r = 0; r < world; ++r) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) std::abort();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(p[0]);
+      fastgather::Config c;
+      c.rank = r;
+      c.world_size = world;
+      c.master_addr = "127.0.0.1";
+      c.master_port = port;
+      c.timeout = options.timeout;
+      c.token = options.token;
+      std::string err;
+      try {
+        err = body(c);
+      } catch (const std::exception& e) {
+        err = std::string("exception: ") + e.what();
+      }
+      if (!err.empty()) (void)!::write(p[1], err.data(), err.size());
+      ::close(p[1]);
+      ::_exit(err.empty() ? 0 : 1);
+    }
+    ::close(p[1]);
+    pids[r] = pid;
+    pipes[r] = p[0];
+  }
+  std::vector<RankResult> results(world);
+  std::vector<bool> done(world, false);
+  int remaining = world;
+  const auto deadline = std::chrono::steady_clock::now() + options.hang_limit;
+  while (remaining > 0) {
+    for (int r = 0; r < world; ++r) {  // drain pipes so a chatty rank never blocks
+      char buf[4096];
+      ssize_t n;
+      ::fcntl(pipes[r], F_SETFL, O_NONBLOCK);
+      while ((n = ::read(pipes[r], buf, sizeof(buf))) > 0) results[r].error.append(buf, n);
+    }
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < world; ++r) {
+        if (pids[r] != pid) continue;
+        done[r] = true;
+        --remaining;
+        results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        results[r].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < world; ++r) {
+        if (!done[r]) {
+          ::kill(pids[r], SIGKILL);
+          results[r].error += " [HANG: killed by the test harness]";
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (int r = 0; r < world; ++r) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(pipes[r], buf, sizeof(buf))) > 0) results[r].error.append(buf, n);
+    ::close(pipes[r]);
+  }
+  return results;
+}
+
+void expect_all_ok(const std::vector<RankResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal << "): " << results[r].error;
+  }
+}
+
+void fill_pattern(void* dst, size_t bytes, int rank, uint64_t it) { fastgather::pattern::fill(dst, bytes, rank, it); }
+
+long long check_pattern(const void* src, size_t bytes, int rank, uint64_t it) {
+  return fastgather::pattern::find_mismatch(src, bytes, rank, it);
+}
+
+std::vector<std::string> fg_segments() {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strncmp(e->d_name, "fg-", 3) == 0) out.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+}  // namespace fgtest

@@ -1,0 +1,55 @@
+// Runs a test body in real rank processes: fork per rank, a fresh port per
+// job, each rank's failure text sent back over a pipe, and a hard deadline
+// after which the whole job is killed and reported as a hang.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fastgather/fastgather.hpp"
+
+namespace fgtest {
+
+struct RankResult {
+  int exit_code = -1;  // -1: killed
+  int signal = 0;
+  std::string error;   // what the rank reported
+};
+
+struct JobOptions {
+  std::chrono::milliseconds timeout{5000};  // communicator timeout
+  std::chrono::seconds hang_limit{120};     // whole job
+  std::string token;
+};
+
+// body returns "" on success or a description of what went wrong.
+using RankBody = std::function<std::string(const fastgather::Config&)>;
+
+int free_port();
+std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options = {});
+// Fails the current test with every rank's error unless all succeeded.
+void expect_all_ok(const std::vector<RankResult>& results);
+
+// Deterministic byte pattern of (rank, iteration) used by collectives tests.
+void fill_pattern(void* dst, size_t bytes, int rank, uint64_t iteration);
+// Returns the first mismatching offset, or -1.
+long long check_pattern(const void* src, size_t bytes, int rank, uint64_t iteration);
+
+// Names in /dev/shm that fastgather made (fg-*).
+std::vector<std::string> fg_segments();
+
+}  // namespace fgtest
+
+// For rank bodies: return the failure text from the body when cond is false.
+#define RANK_CHECK(cond, ...)                                                                        \
+  do {                                                                                               \
+    if (!(cond)) return fmt::format("{}:{}: {} failed: {}", __FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+#define RANK_OK(expr)                                                                               \
+  do {                                                                                              \
+    ::fastgather::Status _s = (expr);                                                               \
+    if (!_s.ok()) return fmt::format("{}:{}: {} -> {}", __FILE__, __LINE__, #expr, _s.to_string()); \
+  } while (0)
