@@ -1,5 +1,6 @@
 // The original script's launch: TP, DP, SERVER_NUM, SERVER_INDEX, MASTER_IP
 // and PORT; this server's ranks become processes forked here.
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,6 +50,32 @@ bool launcher_rank(int* rank, int* size) {
     }
   }
   return false;
+}
+
+// Like Open MPI's default binding: with no more ranks than CPUs, rank i stays
+// on the i-th allowed CPU, so two ranks never share a core and caches stay warm.
+// FG_BIND=none turns it off.
+bool should_bind(int local_ranks) {
+  const char* v = std::getenv("FG_BIND");
+  if (v != nullptr && std::string(v) == "none") return false;
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return false;
+  return local_ranks <= CPU_COUNT(&set);
+}
+
+void bind_to_cpu(int local_index) {
+  cpu_set_t allowed, one;
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  int seen = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    if (seen++ == local_index) {
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      ::sched_setaffinity(0, sizeof(one), &one);
+      return;
+    }
+  }
 }
 
 }  // namespace
@@ -112,6 +139,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   std::random_device rd;
   const std::string job = fmt::format("{:08x}{:08x}", rd(), rd());
   const int local = plan.ranks_per_server();
+  const bool bind = should_bind(local);
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int i = 0; i < local; ++i) {
@@ -123,6 +151,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
       break;
     }
     if (pid == 0) {
+      if (bind) bind_to_cpu(i);
       ::setenv("FG_JOB_ID", job.c_str(), 1);
       ::setenv("FG_RANK", std::to_string(r).c_str(), 1);
       ::setenv("FG_WORLD_SIZE", std::to_string(plan.world_size()).c_str(), 1);

@@ -1,0 +1,109 @@
+#include "report.hpp"
+
+#include <fmt/format.h>
+
+namespace fastgather::bench {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KB", "MB", "GB"};
+  int u = 0;
+  while (b >= 1024 && u < 3) {
+    b /= 1024;
+    ++u;
+  }
+  return b == static_cast<int64_t>(b) ? fmt::format("{} {}", static_cast<int64_t>(b), units[u])
+                                      : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string format_table(const std::string& title, const std::vector<Row>& rows) {
+  std::string s = fmt::format("### {}\n\n", title);
+  s += "| m | per-rank data | avg latency (ms) | effective bandwidth GB/s | median (ms) | p99 (ms) | busbw GB/s | iters | check |\n";
+  s += "|---:|---:|---:|---:|---:|---:|---:|---:|:---|\n";
+  for (const Row& r : rows) {
+    s += fmt::format("| {} | {} | {:.4f} | {:.2f} | {:.4f} | {:.4f} | {:.2f} | {} | {} |\n", r.m,
+                     human_bytes(static_cast<double>(r.bytes_per_rank)), r.lat.avg / 1e3, r.algbw_gbs,
+                     r.lat.median / 1e3, r.lat.p99 / 1e3, r.busbw_gbs, r.iters, r.check);
+  }
+  return s;
+}
+
+std::vector<Verdict> verdicts(const std::vector<Row>& ag, const std::vector<Row>& fused) {
+  std::vector<Verdict> out;
+  for (const Row& a : ag) {
+    Verdict v;
+    v.bytes_per_rank = a.bytes_per_rank;
+    v.standalone = &a;
+    for (const Row& f : fused) {
+      if (f.bytes_per_rank == a.bytes_per_rank) v.fused = &f;
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::string format_verdicts(const std::vector<Verdict>& vs) {
+  std::string s = "### Is the standalone all-gather at least as fast as the fused op moving the same bytes? (median)\n\n";
+  for (const Verdict& v : vs) {
+    if (v.fused == nullptr) {
+      s += fmt::format("- {:>7} per rank: no fused row with these bytes\n", human_bytes(static_cast<double>(v.bytes_per_rank)));
+      continue;
+    }
+    s += fmt::format("- {:>7} per rank: all_gather {:.1f} us vs all_gather_matmul {:.1f} us -> {}\n",
+                     human_bytes(static_cast<double>(v.bytes_per_rank)), v.standalone->lat.median, v.fused->lat.median,
+                     v.at_least_as_fast() ? "yes" : "NO");
+  }
+  return s;
+}
+
+nlohmann::json row_json(const Row& r) {
+  return {
+      {"op", r.op},
+      {"impl", r.impl},
+      {"m", r.m},
+      {"dtype", dtype_name(r.dtype)},
+      {"bytes_per_rank", r.bytes_per_rank},
+      {"world", r.world},
+      {"group_size", r.group_size},
+      {"iters", r.iters},
+      {"avg_us", r.lat.avg},
+      {"median_us", r.lat.median},
+      {"p99_us", r.lat.p99},
+      {"min_us", r.lat.min},
+      {"max_us", r.lat.max},
+      {"algbw_gbs", r.algbw_gbs},
+      {"busbw_gbs", r.busbw_gbs},
+      {"check", r.check},
+  };
+}
+
+nlohmann::json report_json(const nlohmann::json& config, const std::vector<Row>& rows) {
+  nlohmann::json j = {{"schema", "fastgather-bench/1"}, {"config", config}, {"rows", nlohmann::json::array()}};
+  for (const Row& r : rows) j["rows"].push_back(row_json(r));
+  return j;
+}
+
+std::string validate_report_json(const nlohmann::json& j) {
+  if (!j.is_object() || j.value("schema", "") != "fastgather-bench/1") return "schema is not fastgather-bench/1";
+  if (!j.contains("config") || !j["config"].is_object()) return "config missing";
+  if (!j.contains("rows") || !j["rows"].is_array()) return "rows missing";
+  static const char* kNumbers[] = {"m", "bytes_per_rank", "world", "group_size", "iters", "avg_us", "median_us",
+                                   "p99_us", "min_us", "algbw_gbs", "busbw_gbs"};
+  for (size_t i = 0; i < j["rows"].size(); ++i) {
+    const auto& r = j["rows"][i];
+    for (const char* f : {"op", "impl", "dtype", "check"}) {
+      if (!r.contains(f) || !r[f].is_string()) return fmt::format("row {}: string field '{}' missing", i, f);
+    }
+    for (const char* f : kNumbers) {
+      if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
+    }
+    const std::string op = r["op"];
+    if (op != "all_gather" && op != "all_gather_list" && op != "all_gather_matmul") {
+      return fmt::format("row {}: unknown op '{}'", i, op);
+    }
+    const std::string check = r["check"];
+    if (check != "ok" && check != "off" && check != "failed") return fmt::format("row {}: check '{}'", i, check);
+  }
+  return {};
+}
+
+}  // namespace fastgather::bench

@@ -1,0 +1,32 @@
+// What rank 0 prints and writes: the original's tables, the verdicts, JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runner.hpp"
+
+namespace fastgather::bench {
+
+std::string human_bytes(double bytes);  // 98304 -> "96 KB" (KB = 1024 B, as the original)
+
+// | m | per-rank data | avg latency | effective bandwidth GB/s | median | p99 | busbw |
+std::string format_table(const std::string& title, const std::vector<Row>& rows);
+
+struct Verdict {
+  size_t bytes_per_rank = 0;
+  const Row* standalone = nullptr;
+  const Row* fused = nullptr;  // null: no fused row with these bytes
+  bool at_least_as_fast() const { return fused != nullptr && standalone->lat.median <= fused->lat.median; }
+};
+std::vector<Verdict> verdicts(const std::vector<Row>& all_gather_rows, const std::vector<Row>& fused_rows);
+std::string format_verdicts(const std::vector<Verdict>& v);
+
+nlohmann::json row_json(const Row& r);
+nlohmann::json report_json(const nlohmann::json& config, const std::vector<Row>& rows);
+// Checks the fields every row must carry; returns "" or what is missing.
+std::string validate_report_json(const nlohmann::json& j);
+
+}  // namespace fastgather::bench

@@ -1,0 +1,46 @@
+// Times a Case on every rank: warm-up, an iteration count agreed across
+// ranks from a time budget, per-iteration latencies reduced to the slowest
+// rank's, and the check verdict of every rank.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cases.hpp"
+#include "stats.hpp"
+
+namespace fastgather::bench {
+
+struct RunOptions {
+  int iters = 0;           // 0: from the time budget
+  double time_ms = 150;    // measured time per case
+  int warmup = 5;
+  bool check = false;
+};
+
+struct Row {
+  std::string op, impl;
+  int64_t m = 0;
+  DType dtype = DType::kF32;
+  size_t bytes_per_rank = 0;
+  int world = 0, group_size = 0;
+  size_t iters = 0;
+  Stats lat;  // microseconds, slowest rank per iteration
+  double algbw_gbs = 0, busbw_gbs = 0;
+  std::string check = "off";  // ok, off, failed
+};
+
+class Runner {
+ public:
+  Runner(Communicator& comm, Group& group, RunOptions options) : comm_(comm), group_(group), opt_(options) {}
+  Result<Row> measure(Case& c);
+
+ private:
+  // Every world rank's value of x, in rank order.
+  Result<std::vector<int64_t>> gather_world(int64_t x);
+  Communicator& comm_;
+  Group& group_;
+  RunOptions opt_;
+};
+
+}  // namespace fastgather::bench
