@@ -12,7 +12,7 @@ namespace {
 
 constexpr ProtocolRule kRules[] = {
     {transport::kInlineBytes, Protocol::kInline, "inline"},
-    {SIZE_MAX, Protocol::kSlots, "slots"},
+    {SIZE_MAX, Protocol::kRing, "ring"},
 };
 
 std::string describe(const GatherCall& call, const transport::PostHeader& h) {
@@ -26,7 +26,7 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h) {
 // Compares a peer's header with ours; on a mismatch appends a sentence.
 void compare(const transport::ShmChannel& ch, const GatherCall& call, const transport::PostHeader& mine,
              int peer, const transport::PostHeader& theirs, std::string* why) {
-  if (theirs == mine) return;
+  if (theirs.same_call(mine)) return;
   if (!why->empty()) *why += "; ";
   *why += fmt::format("rank {} sent {}, rank {} expected {}", ch.world_rank(peer), describe(call, theirs),
                       ch.world_rank(ch.me()), describe(call, mine));
@@ -53,19 +53,19 @@ const ProtocolRule& choose_protocol(size_t bytes) {
 }
 
 size_t max_piece(const transport::ShmChannel& channel, size_t align) {
-  return channel.slot_bytes() / align * align;
+  return channel.max_step_bytes() / align * align;
 }
 
 Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink) {
   if (!ch.broken().ok()) return ch.broken();
   const int n = ch.members();
   const int me = ch.me();
-  const transport::PostHeader mine{call.bytes, static_cast<uint32_t>(call.op), call.dtype, call.aux};
+  transport::PostHeader mine{call.bytes, call.aux, static_cast<uint16_t>(call.op), static_cast<uint16_t>(call.dtype), 0};
   const Protocol protocol = choose_protocol(call.bytes).protocol;
   const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
-  if (protocol == Protocol::kSlots && chunk == 0) {
-    return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row does not fit a {}-byte slot", ch.label(),
-                                                 call.align, ch.slot_bytes())};
+  if (protocol == Protocol::kRing && chunk == 0) {
+    return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
+                                                 ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
   }
   std::string mismatch;
   size_t offset = 0;
@@ -77,7 +77,10 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
     if (protocol == Protocol::kInline) {
       ch.post(step, mine, call.input, len);
     } else {
-      if (len != 0) std::memcpy(ch.slot(me, step), call.input + offset, len);
+      uint32_t at = 0;
+      std::byte* dst = ch.claim(len, &at);
+      if (len != 0) std::memcpy(dst, call.input + offset, len);
+      mine.offset = at;
       ch.post(step, mine);
     }
     if (first && call.bytes != 0) sink(me, 0, call.input, call.bytes);
@@ -90,7 +93,7 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
       if (!mismatch.empty() || len == 0) continue;  // still wait for all: keeps steps in lockstep
       const std::byte* src = protocol == Protocol::kInline
                                  ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
-                                 : ch.slot(peer, step);
+                                 : ch.member_data(peer, line.value()->header.offset);
       sink(peer, offset, src, len);
     }
     if (!mismatch.empty()) return {ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch)};

@@ -19,7 +19,7 @@ const char* op_name(OpCode op);
 
 enum class Protocol {
   kInline,  // bytes ride in the post line: one cache-line transfer per peer
-  kSlots,   // one-shot: copy in to own slot, peers copy out, chunked by slot size
+  kRing,    // one-shot: copy in to own ring, peers copy out, chunked by ring/4
 };
 
 struct ProtocolRule {
@@ -48,8 +48,8 @@ using PieceSink = FunctionRef<void(int member, size_t offset, const std::byte* s
 
 Status gather(transport::ShmChannel& channel, const GatherCall& call, PieceSink sink);
 
-// Largest piece the slots protocol hands to the sink for this alignment (0: a
-// row does not fit a slot).
+// Largest piece the ring protocol hands to the sink for this alignment (0: a
+// row does not fit one step).
 size_t max_piece(const transport::ShmChannel& channel, size_t align);
 
 }  // namespace fastgather::algo

@@ -21,13 +21,15 @@ using bootstrap::Clock;
 
 namespace {
 
-constexpr size_t kDefaultSlotBytes = 1 << 20;
+// Per member. Big enough that a line is reused only after it has left the
+// peers' L2 caches (see shm_channel.hpp); steps are a quarter of it.
+constexpr size_t kDefaultRingBytes = 4 << 20;
 
-size_t slot_bytes_from_env() {
-  const char* v = std::getenv("FG_SLOT_BYTES");
-  if (v == nullptr || *v == '\0') return kDefaultSlotBytes;
+size_t ring_bytes_from_env() {
+  const char* v = std::getenv("FG_RING_BYTES");
+  if (v == nullptr || *v == '\0') return kDefaultRingBytes;
   size_t b = std::strtoull(v, nullptr, 10);
-  b = std::max<size_t>(b, 4096);
+  b = std::clamp<size_t>(b, 16384, size_t{1} << 31);
   return (b + 4095) / 4096 * 4096;
 }
 
@@ -179,8 +181,8 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   const int n = static_cast<int>(ranks.size());
   const int me = static_cast<int>(pos - ranks.begin());
   const std::string key = fmt::format("g/{}/{}", fmt::join(ranks, ","), created[ranks]++);
-  const size_t slot = slot_bytes_from_env();
-  const size_t bytes = transport::ShmChannel::segment_bytes(n, slot);
+  const size_t ring = ring_bytes_from_env();
+  const size_t bytes = transport::ShmChannel::segment_bytes(n, ring);
   const auto dl = deadline();
   auto where = [&](const Status& s) {
     return Status{s.kind(), fmt::format("rank {}: creating {}: {}", me_world, label, s.message())};
@@ -191,7 +193,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
     seg = transport::ShmSegment::create(name, bytes);
     if (!seg.ok()) return where(seg.status());
-    transport::ShmChannel::format(seg.value().data(), n, slot);
+    transport::ShmChannel::format(seg.value().data(), n, ring);
     if (Status s = store->set(key + "/name", name); !s.ok()) return where(s);
   } else {
     auto name = store->get(key + "/name", dl);
@@ -208,7 +210,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->me = me;
   impl->label = label;
   impl->channel = std::make_unique<transport::ShmChannel>(
-      std::move(seg).value(), ranks, me, slot, transport::WaitPolicy::for_members(n, config.timeout), label);
+      std::move(seg).value(), ranks, me, ring, transport::WaitPolicy::for_members(n, config.timeout), label);
   if (Status s = impl->channel->check_format(); !s.ok()) return where(s);
   impl->channel->publish_pid();
   if (Status s = store->barrier(key + "/attached", n, dl); !s.ok()) return where(s);

@@ -1,6 +1,6 @@
 // Fused all-gather + matmul (npu_all_gather_base_mm semantics). Each
 // member's rows are multiplied as they arrive, straight from the peer's
-// shared-memory slot: this rank's own rows while peers still copy in, and
+// shared-memory ring: this rank's own rows while peers still copy in, and
 // without a copy at all when gather_output is false.
 #include <cblas.h>
 
@@ -82,14 +82,14 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   auto& ch = channel_of(group);
   const size_t max_rows = row_bytes == 0 ? 0 : algo::max_piece(ch, row_bytes) / row_bytes;
   if (row_bytes != 0 && max_rows == 0) {
-    return {ErrorKind::kUnsupported, fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte slot; raise FG_SLOT_BYTES",
-                                                 kOp, group.describe(), row_bytes, ch.slot_bytes())};
+    return {ErrorKind::kUnsupported, fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte step; raise FG_RING_BYTES",
+                                                 kOp, group.describe(), row_bytes, ch.max_step_bytes())};
   }
   set_blas_threads(options.gemm_threads);
 
   // fp32 views of B and scratch for A rows and C rows when the dtype is half.
   const bool is_f32 = dt == DType::kF32;
-  // Rows multiplied at once: a slot's worth (k = 0 moves nothing; any block size serves).
+  // Rows multiplied at once: a step's worth (k = 0 moves nothing; any block size serves).
   const size_t block_rows = max_rows != 0 ? max_rows : std::max<size_t>(m, 1);
   auto& scratch = group.impl()->scratch;
   const size_t need = is_f32 ? 0 : k * n + block_rows * k + block_rows * n + n;

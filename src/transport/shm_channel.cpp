@@ -32,7 +32,7 @@ struct SegmentHeader {
   uint64_t magic;
   uint32_t members;
   uint32_t reserved;
-  uint64_t slot_bytes;
+  uint64_t ring_bytes;
 };
 
 size_t data_offset(int members) {
@@ -72,28 +72,28 @@ WaitPolicy WaitPolicy::for_members(int members, std::chrono::milliseconds timeou
   return p;
 }
 
-size_t ShmChannel::segment_bytes(int members, size_t slot_bytes) {
-  return data_offset(members) + static_cast<size_t>(members) * 2 * slot_bytes;
+size_t ShmChannel::segment_bytes(int members, size_t ring_bytes) {
+  return data_offset(members) + static_cast<size_t>(members) * ring_bytes;
 }
 
-void ShmChannel::format(std::byte* base, int members, size_t slot_bytes) {
+void ShmChannel::format(std::byte* base, int members, size_t ring_bytes) {
   auto* h = reinterpret_cast<SegmentHeader*>(base);
   for (int m = 0; m < members; ++m) {
     new (base + kCtlOffset + sizeof(MemberCtl) * static_cast<size_t>(m)) MemberCtl();
   }
   h->members = static_cast<uint32_t>(members);
-  h->slot_bytes = slot_bytes;
+  h->ring_bytes = ring_bytes;
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
 }
 
-ShmChannel::ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t slot_bytes,
+ShmChannel::ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t ring_bytes,
                        WaitPolicy policy, std::string label)
     : segment_(std::move(segment)),
       world_ranks_(std::move(world_ranks)),
       members_(static_cast<int>(world_ranks_.size())),
       me_(me),
-      slot_bytes_(slot_bytes),
+      ring_bytes_(ring_bytes),
       policy_(policy),
       label_(std::move(label)) {
   ctl_ = reinterpret_cast<MemberCtl*>(segment_.data() + kCtlOffset);
@@ -110,10 +110,17 @@ ShmChannel::~ShmChannel() {
 
 Status ShmChannel::check_format() const {
   const auto* h = reinterpret_cast<const SegmentHeader*>(segment_.data());
-  if (h->magic != kMagic || h->members != static_cast<uint32_t>(members_) || h->slot_bytes != slot_bytes_) {
+  if (h->magic != kMagic || h->members != static_cast<uint32_t>(members_) || h->ring_bytes != ring_bytes_) {
     return {ErrorKind::kSystem, fmt::format("{}: shared-memory segment {} has an unexpected layout", label_, segment_.name())};
   }
   return Status::Ok();
+}
+
+std::byte* ShmChannel::claim(size_t len, uint32_t* offset) {
+  if (cursor_ + len > ring_bytes_) cursor_ = 0;
+  *offset = static_cast<uint32_t>(cursor_);
+  cursor_ += (len + 63) / 64 * 64;  // next step starts on its own cache line
+  return data_ + static_cast<size_t>(me_) * ring_bytes_ + *offset;
 }
 
 void ShmChannel::publish_pid() { ctl(me_).wake.pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release); }

@@ -39,7 +39,7 @@ Result<ShmSegment> ShmSegment::create(const std::string& name, size_t bytes) {
     ::shm_unlink(name.c_str());
     return r;
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);  // no page faults mid-collective
   ::close(fd);
   if (p == MAP_FAILED) {
     auto r = fail("cannot map", name);
@@ -60,7 +60,7 @@ Result<ShmSegment> ShmSegment::open(const std::string& name, size_t bytes) {
     return Status{ErrorKind::kSystem,
                   fmt::format("shared-memory segment {} holds {} bytes, expected {}", name, st.st_size, bytes)};
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);  // no page faults mid-collective
   ::close(fd);
   if (p == MAP_FAILED) return fail("cannot map", name);
   ShmSegment seg;

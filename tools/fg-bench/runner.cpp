@@ -21,9 +21,18 @@ Result<std::vector<int64_t>> Runner::gather_world(int64_t x) {
 
 Result<Row> Runner::measure(Case& c) {
   Group& world = comm_.world();
-  // Warm-up, then an estimate of one iteration's cost.
-  for (int i = 0; i < opt_.warmup; ++i) {
-    if (Status s = c.run(i); !s.ok()) return s;
+  // Warm-up in rounds until rank 0 has spent a tenth of the budget, so the
+  // ring has gone round and caches are settled. Collectives must match, so
+  // rank 0 decides for everyone after each round.
+  auto w0 = Clock::now();
+  for (int round = 0; round < 64; ++round) {
+    for (int i = 0; i < std::max(opt_.warmup, 1); ++i) {
+      if (Status s = c.run(static_cast<uint64_t>(i)); !s.ok()) return s;
+    }
+    const bool more = opt_.iters == 0 && us_since(w0) < opt_.time_ms * 100;
+    auto go_on = gather_world(more ? 1 : 0);
+    if (!go_on.ok()) return go_on.status();
+    if (go_on.value()[0] == 0) break;
   }
   const int probe = 3;
   auto t0 = Clock::now();
