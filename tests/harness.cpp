@@ -66,6 +66,7 @@ std::vector<RankResult> run_job(int world, const RankBody& body, const JobOption
     pipes[r] = p[0];
   }
   std::vector<RankResult> results(world);
+  for (int r = 0; r < world; ++r) results[r].pid = pids[r];
   std::vector<bool> done(world, false);
   int remaining = world;
   const auto deadline = std::chrono::steady_clock::now() + options.hang_limit;
@@ -130,4 +131,16 @@ std::vector<std::string> fg_segments() {
   return out;
 }
 
+}  // namespace fgtest
+
+namespace fgtest {
+std::vector<std::string> segments_of(const std::vector<RankResult>& ranks) {
+  std::vector<std::string> out;
+  for (const std::string& n : fg_segments()) {
+    for (const RankResult& r : ranks) {
+      if (n.find(fmt::format("-{}-", r.pid)) != std::string::npos) out.push_back(n);
+    }
+  }
+  return out;
+}
 }  // namespace fgtest

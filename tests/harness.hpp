@@ -16,6 +16,7 @@ struct RankResult {
   int exit_code = -1;  // -1: killed
   int signal = 0;
   std::string error;   // what the rank reported
+  int pid = 0;
 };
 
 struct JobOptions {
@@ -39,6 +40,8 @@ long long check_pattern(const void* src, size_t bytes, int rank, uint64_t iterat
 
 // Names in /dev/shm that fastgather made (fg-*).
 std::vector<std::string> fg_segments();
+// Segments created by any of these ranks' processes.
+std::vector<std::string> segments_of(const std::vector<RankResult>& ranks);
 
 }  // namespace fgtest
 

@@ -1,1 +1,207 @@
+// Bad input across ranks and dead or stalled peers: every rank gets a clear
+// error in bounded time, never a hang or corrupt data, and /dev/shm is clean.
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
+
+using namespace fastgather;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+Status gather_bytes(Group& g, size_t bytes, DType dtype = DType::kU8) {
+  const int64_t count = static_cast<int64_t>(bytes / dtype_size(dtype));
+  Tensor in = Tensor::zeros(dtype, {count}), out = Tensor::zeros(dtype, {count * g.size()});
+  return all_gather(g, in.view(), out.view());
+}
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+}  // namespace
+
+TEST(Mismatch, SizesNameTheRanksAndBytesOnEveryRankAndTheGroupRecovers) {
+  auto results = fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    for (size_t big : {size_t{98304}, size_t{16}, size_t{5u << 20}}) {
+      const size_t mine = c.rank == 2 ? big / 2 : big;
+      Status s = gather_bytes(g, mine);
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch, "expected Mismatch, got {}", s.to_string());
+      const std::string want =
+          c.rank == 2 ? fmt::format("rank 0 sent all_gather {} bytes", big) : fmt::format("rank 2 sent all_gather {} bytes", big / 2);
+      RANK_CHECK(s.message().find(want) != std::string::npos, "message lacks '{}': {}", want, s.message());
+      RANK_CHECK(s.message().find(fmt::format("rank {} expected", c.rank)) != std::string::npos, "{}", s.message());
+      // Same group, right sizes: works, and the data is right.
+      Tensor in = Tensor::empty(DType::kU8, {4097}), out = Tensor::empty(DType::kU8, {3 * 4097});
+      fgtest::fill_pattern(in.data(), 4097, c.rank, big);
+      RANK_OK(all_gather(g, in.view(), out.view()));
+      for (int r = 0; r < 3; ++r) RANK_CHECK(fgtest::check_pattern(out.data_as<char>() + r * 4097, 4097, r, big) < 0, "rank {}", r);
+    }
+    return "";
+  });
+  fgtest::expect_all_ok(results);
+}
+
+TEST(Mismatch, DtypesAndOpsAreNamed) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Status s = gather_bytes(g, 4096, c.rank == 0 ? DType::kF32 : DType::kF16);
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "{}", s.to_string());
+    RANK_CHECK(s.message().find("fp16") != std::string::npos && s.message().find("fp32") != std::string::npos, "{}", s.message());
+    s = c.rank == 0 ? barrier(g) : gather_bytes(g, 0);
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "{}", s.to_string());
+    RANK_CHECK(s.message().find("barrier") != std::string::npos, "{}", s.message());
+    RANK_OK(barrier(g));
+    return "";
+  }));
+}
+
+TEST(Arguments, WrongBuffersAreRejectedBeforeAnyCommunication) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Tensor in = Tensor::zeros(DType::kF32, {10}), small = Tensor::zeros(DType::kF32, {19});
+    Status s = all_gather(g, in.view(), small.view());
+    RANK_CHECK(s.kind() == ErrorKind::kInvalidArgument && s.message().find("need 80") != std::string::npos, "{}", s.to_string());
+    s = all_gather(g, TensorView(nullptr, DType::kF32, {10}), small.view());
+    RANK_CHECK(s.kind() == ErrorKind::kInvalidArgument && s.message().find("null") != std::string::npos, "{}", s.to_string());
+    std::vector<TensorView> one = {in.view()};
+    s = all_gather(g, in.view(), std::span<const TensorView>(one));
+    RANK_CHECK(s.kind() == ErrorKind::kInvalidArgument && s.message().find("1 output buffers for 2 ranks") != std::string::npos, "{}", s.to_string());
+    Tensor out = Tensor::zeros(DType::kF32, {20});
+    s = all_gather(g, TensorView(out.data_as<float>() + 5, DType::kF32, {10}), out.view());
+    RANK_CHECK(s.kind() == ErrorKind::kInvalidArgument && s.message().find("overlaps") != std::string::npos, "{}", s.to_string());
+    // Zero-size collectives are valid no-ops.
+    RANK_OK(all_gather(g, TensorView(nullptr, DType::kF32, {0}), TensorView(nullptr, DType::kF32, {0})));
+    auto notmine = (*comm)->new_group({1 - c.rank});
+    RANK_CHECK(!notmine.ok() && notmine.status().message().find("not a member") != std::string::npos, "{}", notmine.status().to_string());
+    auto dup = (*comm)->new_group({0, 0, 1});
+    RANK_CHECK(!dup.ok() && dup.status().message().find("listed twice") != std::string::npos, "{}", dup.status().to_string());
+    return "";
+  }));
+}
+
+class DeadRank : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+// The victim dies (SIGKILL) before any collective, between collectives, or
+// while the others are inside one; every survivor fails naming it, fast.
+TEST_P(DeadRank, SurvivorsFailNamingItWithinTheTimeout) {
+  const auto [world, phase] = GetParam();
+  const int victim = world - 1;
+  fgtest::JobOptions opt;
+  opt.timeout = 5000ms;
+  auto results = fgtest::run_job(world, [&, world = world, phase = phase](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    if (c.rank == victim) {
+      if (phase >= 1) {
+        for (int i = 0; i < 50; ++i) RANK_OK(gather_bytes(g, 4096));
+      }
+      if (phase == 2) std::this_thread::sleep_for(50ms);  // survivors are waiting inside the next call
+      ::raise(SIGKILL);
+    }
+    Status s;
+    Clock::time_point last_ok = Clock::now();
+    for (int i = 0; i < 1000000 && s.ok(); ++i) {
+      s = gather_bytes(g, 4096);
+      if (s.ok()) last_ok = Clock::now();
+    }
+    RANK_CHECK(s.kind() == ErrorKind::kPeerLost, "expected PeerLost, got {}", s.to_string());
+    RANK_CHECK(s.message().find(fmt::format("rank {}", victim)) != std::string::npos ||
+                   s.message().find("aborted") != std::string::npos,
+               "message should name rank {}: {}", victim, s.message());
+    RANK_CHECK(ms_since(last_ok) < 2000, "took {:.0f} ms to notice", ms_since(last_ok));
+    (void)world;
+    return "";
+  }, opt);
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) {
+      EXPECT_EQ(results[r].signal, SIGKILL);
+    } else {
+      EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    }
+  }
+  EXPECT_TRUE(fgtest::segments_of(results).empty());
+}
+
+std::string dead_rank_name(const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
+  static const char* kPhase[] = {"before", "between", "during"};
+  return fmt::format("world{}_{}", std::get<0>(info.param), kPhase[std::get<1>(info.param)]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, DeadRank, ::testing::Combine(::testing::Values(2, 4, 6), ::testing::Values(0, 1, 2)),
+                         dead_rank_name);
+
+TEST(Stall, SlowRankIsNoErrorMissingRankTimesOut) {
+  fgtest::JobOptions opt;
+  opt.timeout = 800ms;
+  auto results = fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    if (c.rank == 1) std::this_thread::sleep_for(300ms);  // slow, within the timeout
+    RANK_OK(gather_bytes(g, 1000));
+    if (c.rank == 1) {
+      std::this_thread::sleep_for(3000ms);  // never arrives in time
+      return "";
+    }
+    auto t0 = Clock::now();
+    Status s = gather_bytes(g, 1000);
+    RANK_CHECK(s.kind() == ErrorKind::kTimeout, "{}", s.to_string());
+    RANK_CHECK(s.message().find("rank 1 did not arrive within 800 ms") != std::string::npos, "{}", s.message());
+    RANK_CHECK(ms_since(t0) >= 790 && ms_since(t0) < 2000, "{:.0f} ms", ms_since(t0));
+    return "";
+  }, opt);
+  fgtest::expect_all_ok(results);
+  EXPECT_TRUE(fgtest::segments_of(results).empty());
+}
+
+TEST(Cleanup, NothingLeftInDevShmAfterNormalOrErrorExit) {
+  auto results = fgtest::run_job(4, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    auto sub = (*comm)->tp_group_of_dp(2, 2);
+    RANK_OK(sub.status());
+    RANK_OK(gather_bytes(*sub.value(), 100));
+    return c.rank == 3 ? "deliberate error exit" : "";
+  });
+  EXPECT_EQ(results[3].exit_code, 1);
+  EXPECT_TRUE(fgtest::segments_of(results).empty());
+}
+
+TEST(Oversubscribed, SixRanksOnTwoCoresMixedSizes) {
+  auto results = fgtest::run_job(6, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    auto sub = (*comm)->tp_group_of_dp(3, 2);
+    RANK_OK(sub.status());
+    Group& g = *sub.value();
+    const size_t sizes[] = {8, 96 * 1024, 1000, 0, 300000};
+    Tensor in = Tensor::empty(DType::kU8, {300000}), out = Tensor::empty(DType::kU8, {600000});
+    for (uint64_t it = 0; it < 2000; ++it) {
+      const size_t b = sizes[it % std::size(sizes)];
+      fgtest::fill_pattern(in.data(), b, c.rank, it);
+      RANK_OK(all_gather(g, TensorView(in.data(), DType::kU8, {static_cast<int64_t>(b)}),
+                         TensorView(out.data(), DType::kU8, {static_cast<int64_t>(2 * b)})));
+      for (int i = 0; i < 2; ++i) {
+        RANK_CHECK(fgtest::check_pattern(out.data_as<char>() + i * b, b, g.ranks()[i], it) < 0, "call {} member {}", it, i);
+      }
+    }
+    return "";
+  });
+  fgtest::expect_all_ok(results);
+}

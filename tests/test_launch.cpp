@@ -1,1 +1,104 @@
+// Launch as the original script: TP, DP, SERVER_NUM, SERVER_INDEX,
+// MASTER_IP, PORT; spawned local ranks; validation of every number.
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
+
+using namespace fastgather;
+
+namespace {
+struct Env {
+  explicit Env(std::vector<std::pair<const char*, const char*>> vars) : vars_(std::move(vars)) {
+    for (auto [k, v] : vars_) ::setenv(k, v, 1);
+  }
+  ~Env() {
+    for (auto [k, v] : vars_) ::unsetenv(k);
+  }
+  std::vector<std::pair<const char*, const char*>> vars_;
+};
+}  // namespace
+
+TEST(LaunchPlan, ReadsTheOriginalVariables) {
+  Env e({{"TP", "3"}, {"DP", "2"}, {"SERVER_NUM", "2"}, {"SERVER_INDEX", "1"}, {"MASTER_IP", "10.0.0.7"}, {"PORT", "4567"}});
+  auto p = launch_plan_from_env();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p.value().world_size(), 6);
+  EXPECT_EQ(p.value().ranks_per_server(), 3);
+  Config c = p.value().config_for_rank(4);
+  EXPECT_EQ(c.master_addr, "10.0.0.7");
+  EXPECT_EQ(c.master_port, 4567);
+  EXPECT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_EQ(c.server_of(2), 0);
+  EXPECT_EQ(c.server_of(3), 1);
+}
+
+TEST(LaunchPlan, RejectsWhatDoesNotDivideOrParse) {
+  {
+    Env e({{"TP", "3"}, {"DP", "2"}, {"SERVER_NUM", "4"}});
+    auto p = launch_plan_from_env();
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.status().message().find("do not divide among SERVER_NUM=4"), std::string::npos) << p.status().message();
+  }
+  {
+    Env e({{"SERVER_NUM", "2"}, {"SERVER_INDEX", "2"}});
+    EXPECT_FALSE(launch_plan_from_env().ok());
+  }
+  {
+    Env e({{"TP", "two"}, {"DP", "2"}});
+    auto p = launch_plan_from_env();
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.status().message().find("TP='two'"), std::string::npos);
+  }
+  Config c;
+  c.rank = 3;
+  c.world_size = 4;
+  c.servers = 2;
+  c.server_index = 0;
+  EXPECT_NE(c.validate().message().find("belongs to server 1"), std::string::npos) << c.validate().message();
+}
+
+TEST(RunLocalRanks, SpawnsEveryRankAndReportsFailures) {
+  LaunchPlan p;
+  p.tp = 2;
+  p.dp = 2;
+  p.port = fgtest::free_port();
+  // Each rank gathers its rank number; the sum proves all four took part.
+  int rc = run_local_ranks(p, [](const Config& c) {
+    auto comm = Communicator::create(c);
+    if (!comm.ok()) return 10;
+    int32_t mine = c.rank, all[4] = {};
+    if (!all_gather((*comm)->world(), TensorView(&mine, DType::kI32, {1}), TensorView(all, DType::kI32, {4})).ok()) return 11;
+    return all[0] + all[1] + all[2] + all[3] == 6 ? 0 : 12;
+  });
+  EXPECT_EQ(rc, 0);
+
+  p.port = fgtest::free_port();
+  p.timeout_ms = 1000;
+  rc = run_local_ranks(p, [](const Config& c) {
+    auto comm = Communicator::create(c);
+    if (!comm.ok()) return 10;
+    if (c.rank == 2) ::raise(SIGKILL);
+    int32_t mine = c.rank, all[4] = {};
+    Status s = all_gather((*comm)->world(), TensorView(&mine, DType::kI32, {1}), TensorView(all, DType::kI32, {4}));
+    return s.kind() == ErrorKind::kPeerLost ? 0 : 13;
+  });
+  EXPECT_NE(rc, 0);  // one rank was killed: the job failed
+}
+
+TEST(RunLocalRanks, ARankStartedByASpawnerRunsOnlyItself) {
+  Env e({{"FG_RANK", "1"}, {"FG_WORLD_SIZE", "2"}});
+  LaunchPlan p;
+  int calls = 0;
+  int rc = run_local_ranks(p, [&](const Config& c) {
+    ++calls;
+    return c.rank == 1 && c.world_size == 2 ? 0 : 1;
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(calls, 1);
+}

@@ -1,1 +1,163 @@
+// The transport layer alone: two members of one segment in one process
+// (threads), stepping, waiting, timing out, aborting and cleaning up.
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "harness.hpp"
+#include "transport/shm_channel.hpp"
+#include "transport/shm_segment.hpp"
+
+using namespace fastgather;
+using namespace fastgather::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr size_t kRing = 64 * 1024;
+
+struct Pair {
+  std::unique_ptr<ShmChannel> a, b;
+};
+
+Pair make_pair(std::chrono::milliseconds timeout) {
+  static int serial = 0;
+  const std::string name = ShmSegment::segment_name("test", ::getpid(), serial++);
+  const size_t bytes = ShmChannel::segment_bytes(2, kRing);
+  auto created = ShmSegment::create(name, bytes);
+  EXPECT_TRUE(created.ok());
+  ShmChannel::format(created.value().data(), 2, kRing);
+  auto opened = ShmSegment::open(name, bytes);
+  EXPECT_TRUE(opened.ok());
+  WaitPolicy p;
+  p.timeout = timeout;
+  p.spin = 1us;
+  p.yield = 10us;
+  Pair pr;
+  pr.a = std::make_unique<ShmChannel>(std::move(created).value(), std::vector<int>{0, 1}, 0, kRing, p, "test group");
+  pr.b = std::make_unique<ShmChannel>(std::move(opened).value(), std::vector<int>{0, 1}, 1, kRing, p, "test group");
+  for (auto* c : {pr.a.get(), pr.b.get()}) {
+    EXPECT_TRUE(c->check_format().ok());
+    c->publish_pid();
+  }
+  EXPECT_TRUE(pr.a->watch_members().ok());
+  EXPECT_TRUE(pr.b->watch_members().ok());
+  pr.a->unlink_name();
+  return pr;
+}
+
+}  // namespace
+
+TEST(ShmChannel, StepsCarryHeadersAndInlineBytesInOrder) {
+  Pair p = make_pair(5000ms);
+  std::thread peer([&] {
+    for (uint64_t i = 0; i < 20000; ++i) {
+      const uint64_t step = p.b->next_step();
+      PostHeader h{i, i * 3, 1, 2, 0};
+      p.b->post(step, h, &i, sizeof(i));
+      auto line = p.b->wait(0, step);
+      ASSERT_TRUE(line.ok());
+    }
+  });
+  for (uint64_t i = 0; i < 20000; ++i) {
+    const uint64_t step = p.a->next_step();
+    p.a->post(step, PostHeader{});
+    auto line = p.a->wait(1, step);
+    ASSERT_TRUE(line.ok()) << line.status().to_string();
+    ASSERT_EQ(line.value()->header.bytes, i);
+    ASSERT_EQ(line.value()->header.aux, i * 3);
+    uint64_t inl = 0;
+    std::memcpy(&inl, line.value()->inline_data, sizeof(inl));
+    ASSERT_EQ(inl, i);
+  }
+  peer.join();
+}
+
+TEST(ShmChannel, RingClaimsWrapAndStayLineAligned) {
+  Pair p = make_pair(1000ms);
+  EXPECT_EQ(p.a->max_step_bytes(), kRing / 4);
+  uint32_t prev_end = 0;
+  for (int i = 0; i < 100; ++i) {
+    const size_t len = 1 + static_cast<size_t>(i * 997) % p.a->max_step_bytes();
+    uint32_t off = 0;
+    std::byte* d = p.a->claim(len, &off);
+    EXPECT_EQ(off % 64, 0u);
+    EXPECT_LE(off + len, kRing);
+    EXPECT_EQ(d, p.a->member_data(0, off));
+    // Consecutive claims never overlap (a peer may still read the previous one).
+    if (off != 0) {
+      EXPECT_GE(off, prev_end);
+    }
+    prev_end = off + static_cast<uint32_t>(len);
+  }
+}
+
+TEST(ShmChannel, WaitTimesOutNamingThePeerAndStaysBroken) {
+  Pair p = make_pair(300ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = p.a->wait(1, p.a->next_step());
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().kind(), ErrorKind::kTimeout);
+  EXPECT_NE(r.status().message().find("rank 1 did not arrive within 300 ms"), std::string::npos) << r.status().message();
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 2s);
+  // Sticky: the next wait fails at once, and the peer sees this member aborted.
+  EXPECT_EQ(p.a->wait(1, p.a->next_step()).status().kind(), ErrorKind::kTimeout);
+  auto seen = p.b->wait(0, 1000);
+  EXPECT_EQ(seen.status().kind(), ErrorKind::kPeerLost);
+  EXPECT_NE(seen.status().message().find("rank 0 aborted"), std::string::npos) << seen.status().message();
+}
+
+TEST(ShmChannel, SleepingWaiterIsWokenByPost) {
+  Pair p = make_pair(10000ms);
+  const uint64_t step = p.a->next_step();
+  std::thread late([&] {
+    std::this_thread::sleep_for(200ms);  // long past spin and yield: the waiter is on the futex
+    p.b->post(p.b->next_step(), PostHeader{7, 0, 0, 0, 0});
+  });
+  auto r = p.a->wait(1, step);
+  late.join();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value()->header.bytes, 7u);
+}
+
+TEST(ShmSegment, NamesAreSweptWhenTheirCreatorIsDead) {
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto s = ShmSegment::create(ShmSegment::segment_name("sweeptest", ::getpid(), 0), 4096);
+    if (!s.ok()) ::_exit(1);
+    ::raise(SIGKILL);  // dies holding the name
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const std::string name = fmt::format("fg-sweeptest-{}-0", child);
+  auto has = [&] {
+    auto v = fgtest::fg_segments();
+    return std::find(v.begin(), v.end(), name) != v.end();
+  };
+  ASSERT_TRUE(has());
+  EXPECT_GE(ShmSegment::sweep_stale(), 1);
+  EXPECT_FALSE(has());
+}
+
+TEST(ShmSegment, CreatedPrivateAndGoneAfterDestruction) {
+  const std::string name = ShmSegment::segment_name("modetest", ::getpid(), 0);
+  {
+    auto s = ShmSegment::create(name, 8192);
+    ASSERT_TRUE(s.ok());
+    struct stat st {};
+    ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+  auto v = fgtest::fg_segments();
+  EXPECT_EQ(std::find(v.begin(), v.end(), name.substr(1)), v.end());
+}

@@ -1,1 +1,161 @@
+// The rendezvous store: its operations, its deadlines, and what it does with
+// connections that do not speak its protocol.
 #include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "bootstrap/tcp_store.hpp"
+
+using namespace fastgather;
+using namespace fastgather::bootstrap;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<TcpStoreServer> start(const std::string& token = "") {
+  auto s = TcpStoreServer::start("127.0.0.1", 0, token);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return std::move(s).value();
+}
+
+std::unique_ptr<TcpStoreClient> connect(int port, const std::string& token = "") {
+  auto c = TcpStoreClient::connect("127.0.0.1", port, token, Clock::now() + 2s);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+int raw_socket(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  return fd;
+}
+
+// True if the server closed fd (read returns 0 or an error) within 2 s.
+bool closed_by_server(int fd) {
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) return true;
+    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK;
+  }
+}
+
+}  // namespace
+
+TEST(TcpStore, SetGetAddAndBlockingGet) {
+  auto server = start();
+  auto a = connect(server->port());
+  auto b = connect(server->port());
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->set("k", "v1").ok());
+  auto v = b->get("k", Clock::now() + 1s);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v.value(), "v1");
+  EXPECT_EQ(a->add("n", 5).value(), 5);
+  EXPECT_EQ(b->add("n", -2).value(), 3);
+
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    auto c = connect(server->port());
+    ASSERT_TRUE(c->set("late", std::string(100000, 'x')).ok());
+  });
+  auto late = a->get("late", Clock::now() + 5s);  // blocks until the set
+  setter.join();
+  ASSERT_TRUE(late.ok()) << late.status().to_string();
+  EXPECT_EQ(late.value().size(), 100000u);
+}
+
+TEST(TcpStore, GetTimesOutWithTheKeyInTheMessage) {
+  auto server = start();
+  auto a = connect(server->port());
+  auto t0 = Clock::now();
+  auto v = a->get("never", Clock::now() + 200ms);
+  EXPECT_FALSE(v.ok());
+  EXPECT_EQ(v.status().kind(), ErrorKind::kTimeout);
+  EXPECT_NE(v.status().message().find("never"), std::string::npos);
+  EXPECT_LT(Clock::now() - t0, 2s);
+}
+
+TEST(TcpStore, BarrierReleasesAllOrTimesOut) {
+  auto server = start();
+  std::vector<std::thread> ts;
+  std::atomic<int> passed{0};
+  for (int i = 0; i < 4; ++i) {
+    ts.emplace_back([&] {
+      auto c = connect(server->port());
+      if (c->barrier("b", 4, Clock::now() + 5s).ok()) ++passed;
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(passed.load(), 4);
+  auto lone = connect(server->port());
+  Status s = lone->barrier("b2", 2, Clock::now() + 200ms);
+  EXPECT_EQ(s.kind(), ErrorKind::kTimeout);
+  EXPECT_NE(s.message().find("1 of 2"), std::string::npos) << s.message();
+}
+
+TEST(TcpStore, WrongTokenIsRefused) {
+  auto server = start("secret");
+  auto bad = TcpStoreClient::connect("127.0.0.1", server->port(), "guess", Clock::now() + 1s);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("refused"), std::string::npos) << bad.status().message();
+  EXPECT_TRUE(connect(server->port(), "secret") != nullptr);
+}
+
+TEST(TcpStore, GarbageAndOversizedFramesCloseOnlyThatConnection) {
+  auto server = start();
+  auto good = connect(server->port());
+  ASSERT_TRUE(good->set("x", "1").ok());
+
+  int garbage = raw_socket(server->port());
+  const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_GT(::send(garbage, junk, sizeof(junk), 0), 0);
+  EXPECT_TRUE(closed_by_server(garbage));
+  ::close(garbage);
+
+  int huge = raw_socket(server->port());
+  uint32_t len = kMaxFrame + 1;
+  ASSERT_EQ(::send(huge, &len, 4, 0), 4);
+  EXPECT_TRUE(closed_by_server(huge));
+  ::close(huge);
+
+  // Skipping HELLO is refused too.
+  int rude = raw_socket(server->port());
+  std::string frame = encode_store_request({StoreOp::kSet, "x", "2", 0});
+  ASSERT_GT(::send(rude, frame.data(), frame.size(), 0), 0);
+  EXPECT_TRUE(closed_by_server(rude));
+  ::close(rude);
+
+  auto v = good->get("x", Clock::now() + 1s);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v.value(), "1");  // the job's state is untouched
+  EXPECT_GE(server->rejected_connections(), 3u);
+}
+
+TEST(TcpStoreParser, AcceptsWhatTheEncoderWritesAndNothingLonger) {
+  StoreRequest in{StoreOp::kAdd, "key", "", -7};
+  std::string f = encode_store_request(in);
+  StoreRequest out;
+  EXPECT_EQ(parse_store_request(f, &out), static_cast<int64_t>(f.size()));
+  EXPECT_EQ(out.key, "key");
+  EXPECT_EQ(out.delta, -7);
+  for (size_t cut = 0; cut < f.size(); ++cut) EXPECT_EQ(parse_store_request(f.substr(0, cut), &out), 0) << cut;
+  std::string trailing = f;
+  trailing[0] = static_cast<char>(trailing[0] + 1);  // length claims one more byte
+  trailing.push_back('z');
+  EXPECT_EQ(parse_store_request(trailing, &out), -1);
+  std::string bad_op = f;
+  bad_op[4] = 99;
+  EXPECT_EQ(parse_store_request(bad_op, &out), -1);
+}

@@ -1,1 +1,75 @@
 #include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <random>
+
+#include "fastgather/tensor.hpp"
+#include "ops/convert.hpp"
+
+using namespace fastgather;
+
+TEST(Half, EveryHalfRoundTripsThroughFloat) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_half(f), h) << "half 0x" << std::hex << h;
+  }
+}
+
+TEST(Half, RoundsToNearestEvenLikeTheCompiler) {
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 2'000'000; ++i) {
+    float f = std::bit_cast<float>(bits(gen));
+    if (std::isnan(f)) continue;
+    const _Float16 ref = static_cast<_Float16>(f);
+    ASSERT_EQ(float_to_half(f), std::bit_cast<uint16_t>(ref)) << f;
+  }
+  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);  // rounds to infinity
+  EXPECT_EQ(float_to_half(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_half(2.9802322e-8f), 0x0000);  // half of it: ties to even
+}
+
+TEST(BFloat16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie, even stays
+  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie, odd rounds up
+  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f808001u)), 0x3f81);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = bf16_to_float(static_cast<uint16_t>(b));
+    if (!std::isnan(f)) ASSERT_EQ(float_to_bf16(f), b);
+  }
+}
+
+TEST(Convert, BulkMatchesScalarForEveryDtype) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> u(-70000, 70000);
+  std::vector<float> src(1003);
+  for (float& x : src) x = u(gen);
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<uint32_t> packed(src.size());
+    std::vector<float> back(src.size());
+    ops::from_float(d, src.data(), packed.data(), src.size());
+    ops::to_float(d, packed.data(), back.data(), src.size());
+    for (size_t i = 0; i < src.size(); ++i) {
+      float expect = src[i];
+      if (d == DType::kF16) expect = half_to_float(float_to_half(src[i]));
+      if (d == DType::kBF16) expect = bf16_to_float(float_to_bf16(src[i]));
+      ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(expect)) << dtype_name(d) << " " << i;
+    }
+  }
+}
+
+TEST(Tensor, ShapesSizesAndNames) {
+  Tensor t = Tensor::zeros(DType::kBF16, {3, 5});
+  EXPECT_EQ(t.nbytes(), 30u);
+  EXPECT_EQ(t.view().describe(), "bf16[3, 5]");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);
+  DType d{};
+  EXPECT_TRUE(parse_dtype("float16", &d));
+  EXPECT_EQ(d, DType::kF16);
+  EXPECT_FALSE(parse_dtype("fp8", &d));
+  EXPECT_EQ(TensorView(nullptr, DType::kF32, {0, 7}).nbytes(), 0u);
+}
