@@ -11,48 +11,85 @@
 namespace fastgather::bench {
 namespace {
 
-std::string block_error(const char* what, int rank, long long bad, uint64_t it) {
+std::string block_error(const std::string& what, int rank, long long bad, uint64_t it) {
   return fmt::format("{}: block of rank {} wrong at byte {} (iteration {})", what, rank, bad, it);
 }
 
+// One set of buffers per variant; iteration i uses set i % variants.
+struct Buffers {
+  Tensor in, out;
+  std::vector<Tensor> outs;
+  std::vector<TensorView> views;
+};
+
 class AllGatherCase : public Case {
  public:
-  AllGatherCase(Group& g, const CaseShape& s, bool list) : g_(g), list_(list) {
-    op = list ? "all_gather_list" : "all_gather";
-    impl = "fastgather";
+  enum class Form { kContiguous, kList, kStagedList };
+
+  AllGatherCase(Group& g, const CaseShape& s, Form form) : g_(g), form_(form) {
+    op = form == Form::kContiguous ? "all_gather" : "all_gather_list";
+    impl = form == Form::kStagedList ? "staged" : "fastgather";
     m = s.m;
     dtype = s.dtype;
-    in_ = Tensor::empty(s.dtype, {s.m, s.hidden});
-    bytes_per_rank = in_.nbytes();
-    if (list) {
-      for (int i = 0; i < g.size(); ++i) {
-        outs_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
-        views_.push_back(outs_.back().view());
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      Buffers b;
+      b.in = Tensor::empty(s.dtype, {s.m, s.hidden});
+      if (form == Form::kContiguous) {
+        b.out = Tensor::empty(s.dtype, {s.m * g.size(), s.hidden});
+      } else {
+        for (int i = 0; i < g.size(); ++i) {
+          b.outs.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+          b.views.push_back(b.outs.back().view());
+        }
       }
-    } else {
-      out_ = Tensor::empty(s.dtype, {s.m * g.size(), s.hidden});
+      bytes_per_rank = b.in.nbytes();
+      sets_.push_back(std::move(b));
     }
-    prepare(0);
+    for (size_t v = 0; v < sets_.size(); ++v) fill(sets_[v], v);
   }
-  Status run(uint64_t) override {
-    return list_ ? all_gather(g_, in_.view(), std::span<const TensorView>(views_)) : all_gather(g_, in_.view(), out_.view());
+
+  Status run(uint64_t it) override {
+    Buffers& b = sets_[it % sets_.size()];
+    switch (form_) {
+      case Form::kContiguous: return all_gather(g_, b.in.view(), b.out.view());
+      case Form::kList: return all_gather(g_, b.in.view(), std::span<const TensorView>(b.views));
+      case Form::kStagedList: return staged(b);
+    }
+    return Status::Ok();
   }
-  void prepare(uint64_t it) override { pattern::fill(in_.data(), bytes_per_rank, g_.ranks()[g_.rank()], it); }
+  void prepare(uint64_t it) override { fill(sets_[it % sets_.size()], it); }
   std::string verify(uint64_t it) override {
+    const Buffers& b = sets_[it % sets_.size()];
     for (int i = 0; i < g_.size(); ++i) {
-      const void* block = list_ ? outs_[i].data() : out_.data_as<char>() + static_cast<size_t>(i) * bytes_per_rank;
+      const void* block = form_ == Form::kContiguous ? b.out.data_as<char>() + static_cast<size_t>(i) * bytes_per_rank
+                                                     : b.outs[i].data();
       long long bad = pattern::find_mismatch(block, bytes_per_rank, g_.ranks()[i], it);
-      if (bad >= 0) return block_error(op.c_str(), g_.ranks()[i], bad, it);
+      if (bad >= 0) return block_error(op + "/" + impl, g_.ranks()[i], bad, it);
     }
     return {};
   }
 
  private:
+  void fill(Buffers& b, uint64_t it) { pattern::fill(b.in.data(), bytes_per_rank, g_.ranks()[g_.rank()], it); }
+
+  Status staged(Buffers& b) {
+    auto t = Clock::now();
+    Tensor flat = Tensor::empty(dtype, {static_cast<int64_t>(bytes_per_rank / dtype_size(dtype)) * g_.size()});
+    lap("alloc", &t);
+    if (Status s = all_gather(g_, b.in.view(), flat.view()); !s.ok()) return s;
+    lap("gather_flat", &t);
+    for (int i = 0; i < g_.size(); ++i) {
+      std::memcpy(b.outs[i].data(), flat.data_as<char>() + static_cast<size_t>(i) * bytes_per_rank, bytes_per_rank);
+    }
+    lap("copy_back", &t);
+    Status s = barrier(g_);  // the per-call stream/rank synchronisation
+    lap("sync", &t);
+    return s;
+  }
+
   Group& g_;
-  bool list_;
-  Tensor in_, out_;
-  std::vector<Tensor> outs_;
-  std::vector<TensorView> views_;
+  Form form_;
+  std::vector<Buffers> sets_;
 };
 
 // Values k/8 for k in -8..7: exact in fp16 and bf16, and every dot product
@@ -62,32 +99,82 @@ float exact_value(int rank, uint64_t it, size_t index) {
   return static_cast<float>(static_cast<int>(pattern::word(rank, it, index) & 15u) - 8) * 0.125f;
 }
 
+void store(DType d, const float* src, void* dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    switch (d) {
+      case DType::kF16: static_cast<uint16_t*>(dst)[i] = float_to_half(src[i]); break;
+      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = float_to_bf16(src[i]); break;
+      default: static_cast<float*>(dst)[i] = src[i]; break;
+    }
+  }
+}
+
+void to_f32(DType d, const void* src, float* dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    switch (d) {
+      case DType::kF16: dst[i] = half_to_float(static_cast<const uint16_t*>(src)[i]); break;
+      case DType::kBF16: dst[i] = bf16_to_float(static_cast<const uint16_t*>(src)[i]); break;
+      default: dst[i] = static_cast<const float*>(src)[i]; break;
+    }
+  }
+}
+
+void sgemm(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k),
+              1.0f, a, static_cast<int>(k), b, static_cast<int>(n), 0.0f, c, static_cast<int>(n));
+}
+
 class AllGatherMatmulCase : public Case {
  public:
-  AllGatherMatmulCase(Group& g, const CaseShape& s) : g_(g), k_(s.hidden), n_(s.n) {
+  AllGatherMatmulCase(Group& g, const CaseShape& s, bool fused) : g_(g), fused_(fused), k_(s.hidden), n_(s.n) {
     op = "all_gather_matmul";
-    impl = "fastgather";
+    impl = fused ? "fastgather" : "unfused";
     m = s.m;
     dtype = s.dtype;
     const int w = g.size();
-    x1_ = Tensor::empty(s.dtype, {s.m, s.hidden});
     x2_ = Tensor::empty(s.dtype, {s.hidden, s.n});
     out_ = Tensor::empty(s.dtype, {s.m * w, s.n});
     gather_ = Tensor::empty(s.dtype, {s.m * w, s.hidden});
-    bytes_per_rank = x1_.nbytes();
+    for (int v = 0; v < std::max(s.variants, 1); ++v) x1_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+    bytes_per_rank = x1_.front().nbytes();
     b_.resize(static_cast<size_t>(k_ * n_));
     for (size_t i = 0; i < b_.size(); ++i) b_[i] = exact_value(1000, 0, i);
-    store(b_.data(), x2_.data(), b_.size());
-    prepare(0);
+    store(dtype, b_.data(), x2_.data(), b_.size());
+    for (size_t v = 0; v < x1_.size(); ++v) prepare(v);
   }
-  Status run(uint64_t) override {
-    return all_gather_matmul(g_, x1_.view(), x2_.view(), std::nullopt, out_.view(), gather_.view());
+
+  Status run(uint64_t it) override {
+    const Tensor& x1 = x1_[it % x1_.size()];
+    if (fused_) return all_gather_matmul(g_, x1.view(), x2_.view(), std::nullopt, out_.view(), gather_.view());
+    // Unfused: gather everything, then convert and multiply the whole matrix.
+    auto t = Clock::now();
+    if (Status s = all_gather(g_, x1.view(), gather_.view()); !s.ok()) return s;
+    lap("gather", &t);
+    const size_t rows = static_cast<size_t>(m * g_.size());
+    if (dtype == DType::kF32) {  // nothing to convert
+      if (rows != 0) sgemm(static_cast<int64_t>(rows), n_, k_, gather_.data_as<float>(), x2_.data_as<float>(), out_.data_as<float>());
+      lap("gemm", &t);
+      return Status::Ok();
+    }
+    a32_.resize(rows * k_);
+    b32_.resize(static_cast<size_t>(k_ * n_));
+    c32_.resize(rows * n_);
+    to_f32(dtype, gather_.data(), a32_.data(), a32_.size());
+    to_f32(dtype, x2_.data(), b32_.data(), b32_.size());
+    lap("convert", &t);
+    if (rows != 0) sgemm(static_cast<int64_t>(rows), n_, k_, a32_.data(), b32_.data(), c32_.data());
+    lap("gemm", &t);
+    store(dtype, c32_.data(), out_.data(), c32_.size());
+    lap("convert", &t);
+    return Status::Ok();
   }
+
   void prepare(uint64_t it) override {
     std::vector<float> a(static_cast<size_t>(m * k_));
     fill_rows(g_.ranks()[g_.rank()], it, 0, m, a.data());
-    store(a.data(), x1_.data(), a.size());
+    store(dtype, a.data(), x1_[it % x1_.size()].data(), a.size());
   }
+
   std::string verify(uint64_t it) override {
     const size_t elt = dtype_size(dtype);
     constexpr int64_t kBlock = 256;
@@ -98,22 +185,34 @@ class AllGatherMatmulCase : public Case {
         const int64_t rows = std::min(kBlock, m - r0);
         const int64_t grow = i * m + r0;  // row in the gathered matrix
         fill_rows(g_.ranks()[i], it, r0, rows, a.data());
-        store(a.data(), expect.data(), static_cast<size_t>(rows * k_));
+        store(dtype, a.data(), expect.data(), static_cast<size_t>(rows * k_));
         if (std::memcmp(expect.data(), gather_.data_as<char>() + grow * k_ * elt, rows * k_ * elt) != 0) {
-          return fmt::format("all_gather_matmul: gather_out rows {}..{} (rank {}) differ from the input (iteration {})",
-                             grow, grow + rows, g_.ranks()[i], it);
+          return fmt::format("all_gather_matmul/{}: gather_out rows {}..{} (rank {}) differ from the input (iteration {})",
+                             impl, grow, grow + rows, g_.ranks()[i], it);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n_),
-                    static_cast<int>(k_), 1.0f, a.data(), static_cast<int>(k_), b_.data(), static_cast<int>(n_), 0.0f,
-                    c.data(), static_cast<int>(n_));
-        store(c.data(), expect.data(), static_cast<size_t>(rows * n_));
+        sgemm(rows, n_, k_, a.data(), b_.data(), c.data());
+        store(dtype, c.data(), expect.data(), static_cast<size_t>(rows * n_));
         if (std::memcmp(expect.data(), out_.data_as<char>() + grow * n_ * elt, rows * n_ * elt) != 0) {
-          return fmt::format("all_gather_matmul: output rows {}..{} differ from the reference GEMM (iteration {})", grow,
-                             grow + rows, it);
+          return fmt::format("all_gather_matmul/{}: output rows {}..{} differ from the reference GEMM (iteration {})",
+                             impl, grow, grow + rows, it);
         }
       }
     }
     return {};
+  }
+
+  // The GEMM of the gathered matrix in fp32, at this machine's single-thread speed.
+  double compute_floor_us() override {
+    const int64_t rows = m * g_.size();
+    if (rows == 0) return 0;
+    std::vector<float> a(static_cast<size_t>(rows * k_), 0.5f), c(static_cast<size_t>(rows * n_));
+    double best = 1e300;
+    for (int i = 0; i < 5; ++i) {
+      auto t = Clock::now();
+      sgemm(rows, n_, k_, a.data(), b_.data(), c.data());
+      best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+    }
+    return best;
   }
 
  private:
@@ -122,28 +221,31 @@ class AllGatherMatmulCase : public Case {
       for (int64_t j = 0; j < k_; ++j) dst[r * k_ + j] = exact_value(rank, it, static_cast<size_t>((r0 + r) * k_ + j));
     }
   }
-  void store(const float* src, void* dst, size_t count) const {
-    for (size_t i = 0; i < count; ++i) {
-      switch (dtype) {
-        case DType::kF16: static_cast<uint16_t*>(dst)[i] = float_to_half(src[i]); break;
-        case DType::kBF16: static_cast<uint16_t*>(dst)[i] = float_to_bf16(src[i]); break;
-        default: static_cast<float*>(dst)[i] = src[i]; break;
-      }
-    }
-  }
 
   Group& g_;
+  bool fused_;
   int64_t k_, n_;
-  Tensor x1_, x2_, out_, gather_;
-  std::vector<float> b_;
+  std::vector<Tensor> x1_;
+  Tensor x2_, out_, gather_;
+  std::vector<float> b_, a32_, b32_, c32_;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s) { return std::make_unique<AllGatherCase>(g, s, false); }
-std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s) { return std::make_unique<AllGatherCase>(g, s, true); }
+std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s) {
+  return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous);
+}
+std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s) {
+  return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kList);
+}
+std::unique_ptr<Case> make_staged_all_gather_list(Group& g, const CaseShape& s) {
+  return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kStagedList);
+}
 std::unique_ptr<Case> make_all_gather_matmul(Group& g, const CaseShape& s) {
-  return std::make_unique<AllGatherMatmulCase>(g, s);
+  return std::make_unique<AllGatherMatmulCase>(g, s, true);
+}
+std::unique_ptr<Case> make_unfused_all_gather_matmul(Group& g, const CaseShape& s) {
+  return std::make_unique<AllGatherMatmulCase>(g, s, false);
 }
 
 }  // namespace fastgather::bench

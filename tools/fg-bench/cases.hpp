@@ -2,6 +2,8 @@
 // the untimed preparation and check around it.
 #pragma once
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -15,23 +17,42 @@ class Case {
   virtual Status run(uint64_t iteration) = 0;  // timed
   virtual void prepare(uint64_t /*iteration*/) {}  // check mode: new input data
   virtual std::string verify(uint64_t /*iteration*/) { return {}; }  // "" when every byte is right
+  // Local compute the op cannot avoid (the fused op's GEMM), for the limit model.
+  virtual double compute_floor_us() { return 0; }
 
   std::string op;    // all_gather, all_gather_list, all_gather_matmul
-  std::string impl;  // fastgather
+  std::string impl;  // fastgather, staged, unfused, mpi
   int64_t m = 0;
   DType dtype = DType::kF32;
   size_t bytes_per_rank = 0;
+  // Time spent in each named step of run(), summed over calls (staged, unfused).
+  std::map<std::string, double> phase_us;
+
+ protected:
+  using Clock = std::chrono::steady_clock;
+  // Adds the time since *t to phase `name` and moves *t to now.
+  void lap(const char* name, Clock::time_point* t) {
+    const auto now = Clock::now();
+    phase_us[name] += std::chrono::duration<double, std::micro>(now - *t).count();
+    *t = now;
+  }
 };
 
 struct CaseShape {
   int64_t m;
   int64_t hidden;
   DType dtype;
-  int64_t n = 16;  // fused op's output columns
+  int64_t n = 16;    // fused op's output columns
+  int variants = 1;  // --dv: input/output buffer sets cycled per iteration
 };
 
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s);
+// What a framework's list form does: gather into a fresh flat temporary, copy
+// each block back into its list buffer, synchronise the group per call.
+std::unique_ptr<Case> make_staged_all_gather_list(Group& g, const CaseShape& s);
 std::unique_ptr<Case> make_all_gather_matmul(Group& g, const CaseShape& s);
+// all_gather into gather_out, then one GEMM over the gathered matrix.
+std::unique_ptr<Case> make_unfused_all_gather_matmul(Group& g, const CaseShape& s);
 
 }  // namespace fastgather::bench

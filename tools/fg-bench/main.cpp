@@ -2,6 +2,7 @@
 // With no arguments: 2 local ranks (TP=1 DP=2 SERVER_NUM=1), AllGather fp32
 // hidden 3072 over m = 8..8192 and AllGather+MatMul fp16 with the same bytes
 // per rank, then one verdict per size.
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,6 +16,9 @@
 
 #include "cases.hpp"
 #include "fastgather/fastgather.hpp"
+#include "limits.hpp"
+#include "mpi_comparator.hpp"
+#include "plot.hpp"
 #include "report.hpp"
 #include "runner.hpp"
 
@@ -32,8 +36,58 @@ struct Options {
   std::vector<std::string> ops = {"all_gather", "all_gather_list", "all_gather_matmul"};
   RunOptions run;
   std::string json;
+  std::string plot;
   std::string command_line;
+  bool compare = false;     // staged, unfused and MPI beside fastgather
+  bool no_compare = false;
+  bool limits_only = false;
+  bool no_limits = false;
+  bool dv = false;          // data-varying buffers
 };
+
+constexpr const char* kReexecMarker = "FG_BENCH_UNDER_MPIRUN";
+
+// The no-argument and --compare runs put the system MPI beside fastgather:
+// re-run this command under mpirun so both share the same processes.
+void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan) {
+  if (!mpi::built() || mpi::launched() || std::getenv(kReexecMarker) != nullptr) return;
+  if (std::getenv("FG_NO_MPIRUN") != nullptr || ::access("/usr/bin/mpirun", X_OK) != 0) return;
+  if (plan.servers != 1) return;  // across servers, start it under mpirun yourself
+  const bool oversubscribed = plan.world_size() > sysconf(_SC_NPROCESSORS_ONLN);
+  ::setenv(kReexecMarker, "1", 1);
+  ::setenv("TP", std::to_string(plan.tp).c_str(), 1);
+  ::setenv("DP", std::to_string(plan.dp).c_str(), 1);
+  ::setenv("PORT", std::to_string(plan.port).c_str(), 1);
+  ::setenv("MASTER_IP", plan.master_ip.c_str(), 1);
+  ::setenv("FG_TIMEOUT_MS", std::to_string(plan.timeout_ms).c_str(), 1);
+  std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "-np", std::to_string(plan.world_size()),
+                                   "--bind-to", oversubscribed ? "none" : "core"};
+  if (oversubscribed) args.push_back("--oversubscribe");
+  for (const char* v : {kReexecMarker, "TP", "DP", "PORT", "MASTER_IP", "FG_TIMEOUT_MS", "FG_TOKEN", "FG_RING_BYTES"}) {
+    if (std::getenv(v) != nullptr) {
+      args.push_back("-x");
+      args.push_back(v);
+    }
+  }
+  char self[4096] = {};
+  if (::readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return;
+  args.push_back(self);
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  if (argc == 1) args.push_back("--compare");  // keep the no-argument run's meaning
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execvp("mpirun", cargs.data());
+  std::fprintf(stderr, "fg-bench: could not start mpirun; running without the MPI comparator\n");
+}
+
+void progress(bool lead, size_t done, size_t total, const Case& c) {
+  if (!lead || !::isatty(2)) return;
+  std::fprintf(stderr, "\r\033[K[%zu/%zu] %s %s %s", done, total, c.op.c_str(), c.impl.c_str(),
+               human_bytes(static_cast<double>(c.bytes_per_rank)).c_str());
+  if (done == total) std::fputs("\r\033[K", stderr);
+}
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -55,7 +109,8 @@ nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& 
           {"tp", plan.tp},             {"dp", plan.dp},         {"world", c.world_size},
           {"servers", c.servers},      {"hidden", o.hidden},    {"dtype", o.dtype},
           {"mm_dtype", o.mm_dtype},    {"n", o.n},              {"time_ms", o.run.time_ms},
-          {"iters", o.run.iters},      {"check", o.run.check},  {"ms", o.ms}};
+          {"iters", o.run.iters},      {"check", o.run.check},  {"ms", o.ms},
+          {"trials", o.run.trials},    {"dv", o.dv},            {"compare", o.compare}};
 }
 
 int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
@@ -63,6 +118,16 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
     std::fprintf(stderr, "fg-bench: rank %d: %s\n", c.rank, s.to_string().c_str());
     return 1;
   };
+  const bool use_mpi = o.compare && mpi::built() && mpi::launched();
+  if (use_mpi) {
+    if (Status s = mpi::init(plan.tp); !s.ok()) return fail(s);
+  }
+  struct MpiGuard {
+    bool on;
+    ~MpiGuard() {
+      if (on) mpi::finalize();
+    }
+  } mpi_guard{use_mpi};
   auto comm = Communicator::create(c);
   if (!comm.ok()) return fail(comm.status());
   auto group = (*comm)->tp_group_of_dp(plan.tp, plan.dp);
@@ -75,20 +140,44 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
   const bool lead = c.rank == 0;
   auto wants = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
 
-  std::map<std::string, std::vector<Row>> rows;
-  auto measure = [&](std::unique_ptr<Case> cs) -> Status {
-    auto r = runner.measure(*cs);
-    if (!r.ok()) return r.status();
-    rows[r.value().op].push_back(r.value());
-    return Status::Ok();
-  };
+  // The machine's limits, measured by rank 0 between the CPUs of its group's
+  // first two members while everyone else waits.
+  Limits limits;
+  const bool with_limits = !o.no_limits || o.limits_only;
+  if (with_limits) {
+    int32_t cpu = ::sched_getcpu(), cpus[1024] = {};
+    const int w = (*comm)->size();
+    if (Status s = all_gather((*comm)->world(), TensorView(&cpu, DType::kI32, {1}), TensorView(cpus, DType::kI32, {std::min(w, 1024)}));
+        !s.ok()) {
+      return fail(s);
+    }
+    if (lead) {
+      std::vector<size_t> sizes = {64, 4096, 32768};
+      for (int64_t m : o.ms) {
+        sizes.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
+      }
+      const int peer = g.size() > 1 ? g.ranks()[1] : 0;
+      limits = measure_limits(sizes, cpus[0], cpus[peer]);
+    }
+    if (Status s = barrier((*comm)->world()); !s.ok()) return fail(s);
+    if (o.limits_only) {
+      if (lead) std::fputs(format_limits(limits).c_str(), stdout);
+      return 0;
+    }
+  }
+
+  // What to measure: for each size, the ops asked for, and with --compare the
+  // other implementations of each.
+  std::vector<std::function<std::unique_ptr<Case>()>> plan_cases;
   for (int64_t m : o.ms) {
-    const CaseShape s{m, o.hidden, ag_dtype, o.n};
+    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1};
     if (wants("all_gather")) {
-      if (Status st = measure(make_all_gather(g, s)); !st.ok()) return fail(st);
+      plan_cases.push_back([&g, s] { return make_all_gather(g, s); });
+      if (use_mpi) plan_cases.push_back([s] { return mpi::make_all_gather(s, 0); });
     }
     if (wants("all_gather_list")) {
-      if (Status st = measure(make_all_gather_list(g, s)); !st.ok()) return fail(st);
+      plan_cases.push_back([&g, s] { return make_all_gather_list(g, s); });
+      if (o.compare) plan_cases.push_back([&g, s] { return make_staged_all_gather_list(g, s); });
     }
     if (wants("all_gather_matmul")) {
       // The fused row moving the same bytes per rank as this AllGather row.
@@ -98,48 +187,86 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
         if (lead) std::fprintf(stderr, "fg-bench: no %s row moves %zu bytes per rank; skipped\n", o.mm_dtype.c_str(), bytes);
         continue;
       }
-      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n};
-      if (Status st = measure(make_all_gather_matmul(g, f)); !st.ok()) return fail(st);
+      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1};
+      plan_cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
+      if (o.compare) plan_cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
     }
+  }
+
+  std::vector<Row> rows;
+  for (size_t i = 0; i < plan_cases.size(); ++i) {
+    std::unique_ptr<Case> cs = plan_cases[i]();
+    progress(lead, i, plan_cases.size(), *cs);
+    auto r = runner.measure(*cs);
+    if (!r.ok()) return fail(r.status());
+    Row row = r.value();
+    if (with_limits && lead) {
+      row.limit_us = all_gather_limit_us(limits, row.bytes_per_rank, row.group_size) + cs->compute_floor_us();
+      row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
+    }
+    rows.push_back(std::move(row));
+    progress(lead, i + 1, plan_cases.size(), *cs);
   }
   if (!lead) return 0;
 
+  auto select = [&](const std::string& op, const std::string& impl) {
+    std::vector<Row> out;
+    for (const Row& r : rows) {
+      if (r.op == op && r.impl == impl) out.push_back(r);
+    }
+    return out;
+  };
   const int world = c.world_size;
-  std::string out = fmt::format("fg-bench: {} ranks (TP={} DP={}, groups of {}), {} cores, {}\n\n", world, plan.tp,
+  std::string out = fmt::format("fg-bench: {} ranks (TP={} DP={}, groups of {}), {} cores, {}\n", world, plan.tp,
                                 plan.dp, g.size(), sysconf(_SC_NPROCESSORS_ONLN), cpu_model());
-  if (!rows["all_gather"].empty()) {
-    out += format_table(fmt::format("AllGather ({}, hidden {})", o.dtype, o.hidden), rows["all_gather"]) + "\n";
+  if (o.compare) {
+    out += use_mpi ? fmt::format("MPI comparator: {}\n", mpi::library_version())
+           : !mpi::built() ? "MPI comparator: absent - fg-bench was built without MPI (install libopenmpi-dev and rebuild)\n"
+                           : "MPI comparator: not used - the ranks were not started by mpirun (FG_NO_MPIRUN set, or mpirun missing)\n";
   }
-  if (!rows["all_gather_list"].empty()) {
-    out += format_table(fmt::format("AllGather, list of {} outputs ({}, hidden {})", g.size(), o.dtype, o.hidden),
-                        rows["all_gather_list"]) + "\n";
+  out += "\n";
+  if (with_limits) out += format_limits(limits) + "\n";
+  const auto ag = select("all_gather", "fastgather"), agl = select("all_gather_list", "fastgather"),
+             agm = select("all_gather_matmul", "fastgather");
+  if (!ag.empty()) out += format_table(fmt::format("AllGather ({}, hidden {})", o.dtype, o.hidden), ag) + "\n";
+  if (!agl.empty()) {
+    out += format_table(fmt::format("AllGather, list of {} outputs ({}, hidden {})", g.size(), o.dtype, o.hidden), agl) + "\n";
   }
-  if (!rows["all_gather_matmul"].empty()) {
-    out += format_table(fmt::format("AllGather+MatMul ({}, hidden {}, n={})", o.mm_dtype, o.hidden, o.n),
-                        rows["all_gather_matmul"]) + "\n";
+  if (!agm.empty()) out += format_table(fmt::format("AllGather+MatMul ({}, hidden {}, n={})", o.mm_dtype, o.hidden, o.n), agm) + "\n";
+  if (!ag.empty() && !agm.empty()) out += format_verdicts(verdicts(ag, agm)) + "\n";
+  if (o.compare || with_limits) {
+    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul"}) {
+      if (std::string t = format_compare(op, rows); !t.empty()) out += t + "\n";
+    }
   }
-  if (!rows["all_gather"].empty() && !rows["all_gather_matmul"].empty()) {
-    out += format_verdicts(verdicts(rows["all_gather"], rows["all_gather_matmul"]));
-  }
-  out += "\nLatency per iteration is the slowest rank's. Effective bandwidth = algbw = total gathered bytes / avg latency; "
-         "busbw = algbw x (n-1)/n (nccl-tests).\n";
+  if (std::string t = format_phases(rows); !t.empty()) out += t + "\n";
+  out += "Latency per iteration is the slowest rank's. Effective bandwidth = algbw = total gathered bytes / avg latency; "
+         "busbw = algbw x (n-1)/n (nccl-tests). limit: docs/benchmarks.md.\n";
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);
 
+  nlohmann::json config = config_json(o, c, plan);
+  config["mpi"] = use_mpi ? mpi::library_version() : "absent";
+  config["limits"] = {{"rtt_ns", limits.rtt_ns}};
+  for (size_t i = 0; i < limits.local.size(); ++i) {
+    config["limits"]["copy"].push_back(
+        {{"bytes", limits.local[i].bytes}, {"local_us", limits.local[i].us}, {"peer_us", limits.peer[i].us}});
+  }
   if (!o.json.empty()) {
-    std::vector<Row> all;
-    for (auto& [op, rs] : rows) all.insert(all.end(), rs.begin(), rs.end());
     std::ofstream f(o.json);
-    f << report_json(config_json(o, c, plan), all).dump(2) << "\n";
+    f << report_json(config, rows).dump(2) << "\n";
     if (!f) {
       std::fprintf(stderr, "fg-bench: cannot write %s\n", o.json.c_str());
       return 1;
     }
   }
-  bool failed = false;
-  for (auto& [op, rs] : rows) {
-    for (const Row& r : rs) failed |= r.check == "failed";
+  if (!o.plot.empty()) {
+    Status s = plot(rows, o.plot, fmt::format("fg-bench: {} ranks, {}", world, cpu_model()));
+    if (!s.ok()) return fail(s);
+    std::printf("plots: %s (and .svg)\n", o.plot.c_str());
   }
+  bool failed = false;
+  for (const Row& r : rows) failed |= r.check == "failed";
   return failed ? 3 : 0;
 }
 
@@ -175,7 +302,16 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.run.warmup, "warm-up iterations");
   app.add_flag("-c,--check", o.run.check, "check every output byte of every iteration");
   app.add_option("--json", o.json, "write the rows as JSON (schema fastgather-bench/1)");
+  app.add_option("--plot", o.plot, "write latency and bandwidth plots to this PNG (and .svg)");
+  app.add_flag("--compare", o.compare, "also run staged list, unfused matmul and MPI_Allgather (default without arguments)");
+  app.add_flag("--no-compare", o.no_compare, "only fastgather");
+  app.add_flag("--limits", o.limits_only, "measure and print the machine's limits only");
+  app.add_flag("--no-limits", o.no_limits, "skip measuring the machine's limits");
+  app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples");
+  app.add_flag("--dv", o.dv, "data-varying: cycle 8 buffer sets so caches are not flattering");
   CLI11_PARSE(app, argc, argv);
+  if (argc == 1) o.compare = true;
+  if (o.no_compare) o.compare = false;
 
   DType d{};
   if (!parse_dtype(o.dtype, &d)) return std::fprintf(stderr, "fg-bench: unknown dtype %s\n", o.dtype.c_str()), 2;
@@ -183,5 +319,6 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "fg-bench: --mm-dtype must be fp16, bf16 or fp32\n"), 2;
   }
   if (Status s = plan.validate(); !s.ok()) return std::fprintf(stderr, "fg-bench: %s\n", s.to_string().c_str()), 2;
+  if (o.compare) maybe_reexec_under_mpirun(argc, argv, plan);
   return run_local_ranks(plan, [&](const Config& c) { return run_rank(c, o, plan); });
 }

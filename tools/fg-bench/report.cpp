@@ -1,5 +1,8 @@
 #include "report.hpp"
 
+#include <algorithm>
+#include <map>
+
 #include <fmt/format.h>
 
 namespace fastgather::bench {
@@ -55,6 +58,50 @@ std::string format_verdicts(const std::vector<Verdict>& vs) {
   return s;
 }
 
+std::string format_compare(const std::string& op, const std::vector<Row>& rows) {
+  std::vector<std::string> impls;
+  std::map<size_t, std::map<std::string, const Row*>> by_size;
+  for (const Row& r : rows) {
+    if (r.op != op) continue;
+    if (std::find(impls.begin(), impls.end(), r.impl) == impls.end()) impls.push_back(r.impl);
+    by_size[r.bytes_per_rank][r.impl] = &r;
+  }
+  if (impls.empty()) return {};
+  std::string s = fmt::format("### {}: median latency (us) by implementation\n\n| per-rank data |", op);
+  for (const auto& i : impls) s += fmt::format(" {} |", i);
+  for (const auto& i : impls) s += fmt::format(" {}/best |", i);
+  s += " limit (us) | fastgather % of limit |\n|---:|";
+  for (size_t i = 0; i < impls.size() * 2 + 2; ++i) s += "---:|";
+  s += "\n";
+  for (const auto& [bytes, row] : by_size) {
+    double best = 1e300;
+    for (const auto& [impl, r] : row) best = std::min(best, r->lat.median);
+    s += fmt::format("| {} |", human_bytes(static_cast<double>(bytes)));
+    for (const auto& i : impls) s += row.count(i) ? fmt::format(" {:.1f} |", row.at(i)->lat.median) : std::string(" - |");
+    for (const auto& i : impls) s += row.count(i) ? fmt::format(" {:.2f} |", row.at(i)->lat.median / best) : std::string(" - |");
+    const Row* fg = row.count("fastgather") ? row.at("fastgather") : nullptr;
+    if (fg != nullptr && fg->limit_us > 0) {
+      s += fmt::format(" {:.1f} | {:.0f}% |\n", fg->limit_us, fg->pct_of_limit);
+    } else {
+      s += " - | - |\n";
+    }
+  }
+  return s;
+}
+
+std::string format_phases(const std::vector<Row>& rows) {
+  std::string s;
+  for (const Row& r : rows) {
+    if (r.phases_us.empty()) continue;
+    if (s.empty()) s = "### Where the time goes (per call, slowest rank, us)\n\n| op | impl | per-rank data | median | phases |\n|---|---|---:|---:|---|\n";
+    std::string ph;
+    for (const auto& [name, us] : r.phases_us) ph += fmt::format("{}{} {:.1f}", ph.empty() ? "" : ", ", name, us);
+    s += fmt::format("| {} | {} | {} | {:.1f} | {} |\n", r.op, r.impl, human_bytes(static_cast<double>(r.bytes_per_rank)),
+                     r.lat.median, ph);
+  }
+  return s;
+}
+
 nlohmann::json row_json(const Row& r) {
   return {
       {"op", r.op},
@@ -73,6 +120,13 @@ nlohmann::json row_json(const Row& r) {
       {"algbw_gbs", r.algbw_gbs},
       {"busbw_gbs", r.busbw_gbs},
       {"check", r.check},
+      {"trials", r.trials},
+      {"trial_median_min_us", r.trial_median_min},
+      {"trial_median_max_us", r.trial_median_max},
+      {"skew_us", r.skew_us},
+      {"limit_us", r.limit_us},
+      {"pct_of_limit", r.pct_of_limit},
+      {"phases_us", r.phases_us},
   };
 }
 
@@ -95,6 +149,13 @@ std::string validate_report_json(const nlohmann::json& j) {
     }
     for (const char* f : kNumbers) {
       if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
+    }
+    for (const char* f : {"limit_us", "pct_of_limit", "skew_us"}) {
+      if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
+    }
+    const std::string impl = r["impl"];
+    if (impl != "fastgather" && impl != "staged" && impl != "unfused" && impl != "mpi") {
+      return fmt::format("row {}: unknown impl '{}'", i, impl);
     }
     const std::string op = r["op"];
     if (op != "all_gather" && op != "all_gather_list" && op != "all_gather_matmul") {

@@ -24,6 +24,12 @@ struct Verdict {
 std::vector<Verdict> verdicts(const std::vector<Row>& all_gather_rows, const std::vector<Row>& fused_rows);
 std::string format_verdicts(const std::vector<Verdict>& v);
 
+// One table per op: a column per impl (median us), each impl's ratio to the
+// best, the limit and fastgather's percentage of it.
+std::string format_compare(const std::string& op, const std::vector<Row>& rows);
+// Where the time of the staged and unfused paths goes, per call.
+std::string format_phases(const std::vector<Row>& rows);
+
 nlohmann::json row_json(const Row& r);
 nlohmann::json report_json(const nlohmann::json& config, const std::vector<Row>& rows);
 // Checks the fields every row must carry; returns "" or what is missing.

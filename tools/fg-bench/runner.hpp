@@ -3,6 +3,7 @@
 // rank's, and the check verdict of every rank.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,10 @@
 namespace fastgather::bench {
 
 struct RunOptions {
-  int iters = 0;           // 0: from the time budget
-  double time_ms = 150;    // measured time per case
+  int iters = 0;         // 0: from the time budget
+  double time_ms = 150;  // measured time per case and trial
   int warmup = 5;
+  int trials = 1;        // repeated measurements, pooled
   bool check = false;
 };
 
@@ -28,6 +30,12 @@ struct Row {
   Stats lat;  // microseconds, slowest rank per iteration
   double algbw_gbs = 0, busbw_gbs = 0;
   std::string check = "off";  // ok, off, failed
+  int trials = 1;
+  double trial_median_min = 0, trial_median_max = 0;  // spread of the trials' medians
+  double skew_us = 0;        // mean over iterations of (last rank done - first rank done)
+  double limit_us = 0;       // lower bound from the machine's limits (0: not measured)
+  double pct_of_limit = 0;   // 100 * limit / median
+  std::map<std::string, double> phases_us;  // per call, slowest rank
 };
 
 class Runner {
@@ -38,6 +46,8 @@ class Runner {
  private:
   // Every world rank's value of x, in rank order.
   Result<std::vector<int64_t>> gather_world(int64_t x);
+  // Every world rank's vector (all of the same length), in rank order.
+  Result<std::vector<std::vector<double>>> gather_world(const std::vector<double>& v);
   Communicator& comm_;
   Group& group_;
   RunOptions opt_;

@@ -1,0 +1,44 @@
+// The machine's physical limits, measured between the two CPUs the first two
+// ranks run on, and the lower-bound model each result row is compared with.
+//
+// Model (docs/benchmarks.md): an all-gather of S bytes per rank over n ranks
+// with private input and output buffers must at least
+//   - announce its data to a peer: half a cache-line round trip,
+//   - bring (n-1) blocks of S bytes another core just wrote into this core's
+//     output: (n-1) * t_peer(S),
+//   - place its own block: t_local(S) (a local memcpy),
+// so limit(S, n) = rtt/2 + (n-1) * t_peer(S) + t_local(S). This is a
+// single-copy bound: our two-copy shared-memory path cannot reach it, and the
+// gap is the price of the copy into the ring. The fused op adds the GEMM of
+// the gathered matrix at this machine's single-thread OpenBLAS speed.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace fastgather::bench {
+
+struct CopyPoint {
+  size_t bytes;
+  double us;  // median time of one copy
+};
+
+struct Limits {
+  double rtt_ns = 0;                // cache-line round trip between the two CPUs
+  std::vector<CopyPoint> local;     // memcpy, source and destination private and warm
+  std::vector<CopyPoint> peer;      // copy of a buffer the other CPU has just written
+  int cpu_a = -1, cpu_b = -1;
+};
+
+// Forks a helper pinned to cpu_b; this process is pinned to cpu_a meanwhile.
+Limits measure_limits(const std::vector<size_t>& sizes, int cpu_a, int cpu_b);
+
+// Time for one copy of `bytes`, interpolated log-log between measured sizes
+// (extrapolated linearly in bytes past the largest).
+double copy_us(const std::vector<CopyPoint>& points, size_t bytes);
+double all_gather_limit_us(const Limits& l, size_t bytes_per_rank, int ranks);
+
+std::string format_limits(const Limits& l);
+
+}  // namespace fastgather::bench

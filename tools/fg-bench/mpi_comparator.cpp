@@ -1,0 +1,105 @@
+#include "mpi_comparator.hpp"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "pattern.hpp"
+
+#if FG_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace fastgather::bench::mpi {
+
+bool launched() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
+
+#if FG_HAVE_MPI
+
+namespace {
+MPI_Comm g_group = MPI_COMM_NULL;
+int g_world_rank = 0;
+
+class MpiAllGatherCase : public Case {
+ public:
+  explicit MpiAllGatherCase(const CaseShape& s) {
+    op = "all_gather";
+    impl = "mpi";
+    m = s.m;
+    dtype = s.dtype;
+    MPI_Comm_size(g_group, &size_);
+    MPI_Comm_rank(g_group, &rank_);
+    members_.resize(static_cast<size_t>(size_));
+    MPI_Allgather(&g_world_rank, 1, MPI_INT, members_.data(), 1, MPI_INT, g_group);
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      ins_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+      outs_.push_back(Tensor::empty(s.dtype, {s.m * size_, s.hidden}));
+    }
+    bytes_per_rank = ins_.front().nbytes();
+    for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
+  }
+  Status run(uint64_t it) override {
+    const size_t v = it % ins_.size();
+    const int count = static_cast<int>(bytes_per_rank);  // sizes here stay below 2 GiB
+    int rc = MPI_Allgather(ins_[v].data(), count, MPI_BYTE, outs_[v].data(), count, MPI_BYTE, g_group);
+    if (rc != MPI_SUCCESS) return {ErrorKind::kSystem, fmt::format("MPI_Allgather returned {}", rc)};
+    return Status::Ok();
+  }
+  void prepare(uint64_t it) override {
+    pattern::fill(ins_[it % ins_.size()].data(), bytes_per_rank, g_world_rank, it);
+  }
+  std::string verify(uint64_t it) override {
+    const Tensor& out = outs_[it % outs_.size()];
+    for (int i = 0; i < size_; ++i) {
+      long long bad = pattern::find_mismatch(out.data_as<char>() + static_cast<size_t>(i) * bytes_per_rank,
+                                             bytes_per_rank, members_[i], it);
+      if (bad >= 0) return fmt::format("all_gather/mpi: block of rank {} wrong at byte {}", members_[i], bad);
+    }
+    return {};
+  }
+
+ private:
+  int size_ = 0, rank_ = 0;
+  std::vector<int> members_;
+  std::vector<Tensor> ins_, outs_;
+};
+}  // namespace
+
+bool built() { return true; }
+
+std::string library_version() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  std::string s(v, static_cast<size_t>(len));
+  if (auto nl = s.find_first_of(",\n"); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+Status init(int tp) {
+  int ok = 0;
+  MPI_Initialized(&ok);
+  if (!ok && MPI_Init(nullptr, nullptr) != MPI_SUCCESS) return {ErrorKind::kSystem, "MPI_Init failed"};
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
+  MPI_Comm_split(MPI_COMM_WORLD, g_world_rank % tp, g_world_rank, &g_group);
+  return Status::Ok();
+}
+
+void finalize() {
+  if (g_group != MPI_COMM_NULL) MPI_Comm_free(&g_group);
+  MPI_Finalize();
+}
+
+std::unique_ptr<Case> make_all_gather(const CaseShape& s, int) { return std::make_unique<MpiAllGatherCase>(s); }
+
+#else
+
+bool built() { return false; }
+std::string library_version() { return "none"; }
+Status init(int) { return {ErrorKind::kUnsupported, "fg-bench was built without MPI (apt-get install libopenmpi-dev)"}; }
+void finalize() {}
+std::unique_ptr<Case> make_all_gather(const CaseShape&, int) { return nullptr; }
+
+#endif
+
+}  // namespace fastgather::bench::mpi

@@ -1,0 +1,22 @@
+// The system MPI as a comparator (optional: built when CMake finds MPI).
+// Runs in the same processes as fastgather when fg-bench is started by
+// mpirun, so both are measured on the same ranks, cores and buffers sizes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cases.hpp"
+
+namespace fastgather::bench::mpi {
+
+bool built();     // fg-bench was compiled against MPI
+bool launched();  // this process was started by mpirun (Open MPI or PMI variables)
+std::string library_version();
+// MPI_Init, and a communicator per TP group (color = rank % tp).
+Status init(int tp);
+void finalize();
+// MPI_Allgather of the same bytes on this rank's group communicator.
+std::unique_ptr<Case> make_all_gather(const CaseShape& s, int group_rank_of_world0);
+
+}  // namespace fastgather::bench::mpi
