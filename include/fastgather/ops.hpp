@@ -31,6 +31,10 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
                          const std::optional<TensorView>& bias, const TensorView& output,
                          const TensorView& gather_out, const AllGatherMatmulOptions& options = {});
 
+// Element-wise dtype conversion between fp32, fp16 and bf16 (round to nearest
+// even), vectorised where the CPU allows; the one the fused op uses.
+Status convert(const TensorView& src, const TensorView& dst);
+
 // A group barrier through the same shared-memory channel.
 Status barrier(Group& group);
 

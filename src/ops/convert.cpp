@@ -2,6 +2,10 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "fastgather/ops.hpp"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -83,3 +87,35 @@ void from_float(DType dtype, const float* src, void* dst, size_t n) {
 }
 
 }  // namespace fastgather::ops
+
+namespace fastgather {
+
+Status convert(const TensorView& src, const TensorView& dst) {
+  auto floating = [](DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; };
+  if (!floating(src.dtype) || !floating(dst.dtype)) {
+    return {ErrorKind::kInvalidArgument, fmt::format("convert: {} -> {}: only fp32, fp16 and bf16", src.describe(), dst.describe())};
+  }
+  if (src.numel() != dst.numel()) {
+    return {ErrorKind::kInvalidArgument, fmt::format("convert: {} has {} elements, {} has {}", src.describe(), src.numel(),
+                                                     dst.describe(), dst.numel())};
+  }
+  const size_t n = static_cast<size_t>(src.numel());
+  if (src.dtype == dst.dtype) {
+    std::memmove(dst.data, src.data, src.nbytes());
+  } else if (dst.dtype == DType::kF32) {
+    ops::to_float(src.dtype, src.data, static_cast<float*>(dst.data), n);
+  } else if (src.dtype == DType::kF32) {
+    ops::from_float(dst.dtype, static_cast<const float*>(src.data), dst.data, n);
+  } else {  // fp16 <-> bf16 through fp32, in blocks
+    float tmp[1024];
+    const size_t es = dtype_size(src.dtype), ed = dtype_size(dst.dtype);
+    for (size_t i = 0; i < n; i += 1024) {
+      const size_t c = std::min<size_t>(1024, n - i);
+      ops::to_float(src.dtype, static_cast<const char*>(src.data) + i * es, tmp, c);
+      ops::from_float(dst.dtype, tmp, static_cast<char*>(dst.data) + i * ed, c);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace fastgather

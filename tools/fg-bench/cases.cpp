@@ -100,23 +100,8 @@ float exact_value(int rank, uint64_t it, size_t index) {
 }
 
 void store(DType d, const float* src, void* dst, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    switch (d) {
-      case DType::kF16: static_cast<uint16_t*>(dst)[i] = float_to_half(src[i]); break;
-      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = float_to_bf16(src[i]); break;
-      default: static_cast<float*>(dst)[i] = src[i]; break;
-    }
-  }
-}
-
-void to_f32(DType d, const void* src, float* dst, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    switch (d) {
-      case DType::kF16: dst[i] = half_to_float(static_cast<const uint16_t*>(src)[i]); break;
-      case DType::kBF16: dst[i] = bf16_to_float(static_cast<const uint16_t*>(src)[i]); break;
-      default: dst[i] = static_cast<const float*>(src)[i]; break;
-    }
-  }
+  const int64_t n = static_cast<int64_t>(count);
+  (void)convert(TensorView(const_cast<float*>(src), DType::kF32, {n}), TensorView(dst, d, {n}));
 }
 
 void sgemm(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c) {
@@ -159,12 +144,13 @@ class AllGatherMatmulCase : public Case {
     a32_.resize(rows * k_);
     b32_.resize(static_cast<size_t>(k_ * n_));
     c32_.resize(rows * n_);
-    to_f32(dtype, gather_.data(), a32_.data(), a32_.size());
-    to_f32(dtype, x2_.data(), b32_.data(), b32_.size());
+    const int64_t r = static_cast<int64_t>(rows);
+    if (Status s = convert(gather_.view(), TensorView(a32_.data(), DType::kF32, {r, k_})); !s.ok()) return s;
+    if (Status s = convert(x2_.view(), TensorView(b32_.data(), DType::kF32, {k_, n_})); !s.ok()) return s;
     lap("convert", &t);
-    if (rows != 0) sgemm(static_cast<int64_t>(rows), n_, k_, a32_.data(), b32_.data(), c32_.data());
+    if (rows != 0) sgemm(r, n_, k_, a32_.data(), b32_.data(), c32_.data());
     lap("gemm", &t);
-    store(dtype, c32_.data(), out_.data(), c32_.size());
+    if (Status s = convert(TensorView(c32_.data(), DType::kF32, {r, n_}), out_.view()); !s.ok()) return s;
     lap("convert", &t);
     return Status::Ok();
   }

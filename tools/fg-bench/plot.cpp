@@ -50,7 +50,7 @@ Status plot(const std::vector<Row>& rows, const std::string& png, const std::str
   std::string script;
   for (const auto& [term, out] : {std::pair{"pngcairo size 1400,600", png}, std::pair{"svg size 1400,600", svg}}) {
     script += fmt::format(
-        "set terminal {}\nset output '{}'\nset multiplot layout 1,2 title '{}'\n"
+        "set terminal {}\nset termoption noenhanced\nset output '{}'\nset multiplot layout 1,2 title '{}'\n"
         "set logscale xy\nset grid\nset key left top\nset xlabel 'bytes per rank'\nset ylabel 'median latency (us)'\n"
         "plot {}\nset ylabel 'algbw (GB/s)'\nunset logscale y\nset key left top\nplot {}\nunset multiplot\n",
         term, out, title, plots_lat, plots_bw);

@@ -1,0 +1,162 @@
+// fg-bench's arithmetic and output: statistics, the limit model, the JSON
+// schema, and --compare's word on MPI.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "harness.hpp"
+#include "limits.hpp"
+#include "report.hpp"
+#include "stats.hpp"
+
+using namespace fastgather::bench;
+
+TEST(Stats, MedianPercentilesAndMeans) {
+  Stats s = summarize({5, 1, 4, 2, 3});
+  EXPECT_EQ(s.n, 5u);
+  EXPECT_DOUBLE_EQ(s.median, 3);
+  EXPECT_DOUBLE_EQ(s.avg, 3);
+  EXPECT_DOUBLE_EQ(s.min, 1);
+  EXPECT_DOUBLE_EQ(s.max, 5);
+  EXPECT_DOUBLE_EQ(summarize({1, 2, 3, 10}).median, 2.5);
+  std::vector<double> hundred;
+  for (int i = 1; i <= 100; ++i) hundred.push_back(i);
+  EXPECT_DOUBLE_EQ(summarize(hundred).p99, 99);  // nearest rank: ceil(0.99*100) = 99th value
+  hundred.push_back(1000);
+  EXPECT_DOUBLE_EQ(summarize(hundred).p99, 100);  // ceil(0.99*101) = 100th value
+  EXPECT_EQ(summarize({}).n, 0u);
+}
+
+TEST(Stats, SlowestRankPerIterationAndBandwidths) {
+  auto v = slowest_per_iteration({{1, 5, 3}, {2, 4, 9}, {0, 6, 1}});
+  EXPECT_EQ(v, (std::vector<double>{2, 6, 9}));
+  // nccl-tests: 2 ranks x 96 KiB in 10 us: algbw = 196608 B / 10 us = 19.66 GB/s, busbw = half.
+  EXPECT_NEAR(algbw_gbs(98304, 2, 10), 19.6608, 1e-9);
+  EXPECT_NEAR(busbw_gbs(98304, 2, 10), 9.8304, 1e-9);
+  EXPECT_NEAR(busbw_gbs(1000, 4, 1), 3.0, 1e-12);  // 4 KB in 1 us = 4 GB/s, x 3/4
+}
+
+TEST(LimitModel, InterpolatesCopiesAndAddsTheTerms) {
+  Limits l;
+  l.rtt_ns = 200;
+  l.local = {{1024, 1.0}, {4096, 4.0}, {16384, 8.0}};
+  l.peer = {{1024, 2.0}, {4096, 8.0}, {16384, 16.0}};
+  EXPECT_DOUBLE_EQ(copy_us(l.local, 1024), 1.0);
+  EXPECT_DOUBLE_EQ(copy_us(l.local, 512), 0.5);            // below: proportional
+  EXPECT_NEAR(copy_us(l.local, 2048), 2.0, 1e-9);          // log-log between 1 and 4 us
+  EXPECT_NEAR(copy_us(l.local, 8192), std::sqrt(32.0), 1e-9);
+  EXPECT_DOUBLE_EQ(copy_us(l.local, 32768), 16.0);         // above: proportional to the last point
+  EXPECT_DOUBLE_EQ(copy_us(l.local, 0), 0.0);
+  // rtt/2 + (n-1) * peer + local
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 2), 0.1 + 8.0 + 4.0, 1e-9);
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 4), 0.1 + 3 * 8.0 + 4.0, 1e-9);
+}
+
+TEST(LimitModel, MeasuredFiguresAreSane) {
+  Limits l = measure_limits({4096, 65536}, 0, 1);
+  ASSERT_EQ(l.local.size(), 2u);
+  ASSERT_EQ(l.peer.size(), 2u);
+  EXPECT_GT(l.rtt_ns, 1);
+  EXPECT_LT(l.rtt_ns, 1e6);
+  for (const auto& p : l.local) EXPECT_GT(p.us, 0);
+  for (const auto& p : l.peer) EXPECT_GT(p.us, 0);
+  EXPECT_GT(l.local[1].us, l.local[0].us);  // 16x the bytes take longer
+}
+
+namespace {
+Row sample_row() {
+  Row r;
+  r.op = "all_gather";
+  r.impl = "fastgather";
+  r.m = 8;
+  r.bytes_per_rank = 98304;
+  r.world = r.group_size = 2;
+  r.iters = 10;
+  r.lat = summarize({8, 9, 10});
+  r.check = "ok";
+  r.limit_us = 4;
+  r.pct_of_limit = 50;
+  return r;
+}
+}  // namespace
+
+TEST(Json, RowsCarryTheSchemaFields) {
+  nlohmann::json j = report_json({{"tp", 1}}, {sample_row()});
+  EXPECT_EQ(validate_report_json(j), "");
+  EXPECT_EQ(j["rows"][0]["median_us"], 9.0);
+  for (const char* field : {"avg_us", "busbw_gbs", "check", "impl", "limit_us"}) {
+    nlohmann::json broken = j;
+    broken["rows"][0].erase(field);
+    EXPECT_NE(validate_report_json(broken), "") << field;
+  }
+  nlohmann::json bad_op = j;
+  bad_op["rows"][0]["op"] = "allreduce";
+  EXPECT_NE(validate_report_json(bad_op), "");
+  nlohmann::json bad_schema = j;
+  bad_schema["schema"] = "other/1";
+  EXPECT_NE(validate_report_json(bad_schema), "");
+}
+
+TEST(Report, VerdictComparesSameBytesByMedian) {
+  Row ag = sample_row();
+  Row fused = sample_row();
+  fused.op = "all_gather_matmul";
+  fused.m = 16;
+  fused.lat = summarize({20, 21, 22});
+  auto v = verdicts({ag}, {fused});
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(v[0].at_least_as_fast());
+  EXPECT_NE(format_verdicts(v).find("96 KB per rank: all_gather 9.0 us vs all_gather_matmul 21.0 us -> yes"), std::string::npos)
+      << format_verdicts(v);
+  fused.lat = summarize({1, 2, 3});
+  EXPECT_FALSE(verdicts({ag}, {fused})[0].at_least_as_fast());
+  EXPECT_EQ(human_bytes(98304), "96 KB");
+  EXPECT_EQ(human_bytes(1536 * 1024), "1.5 MB");
+}
+
+namespace {
+// Runs a fg-bench binary; returns its exit status and fills *out.
+int run_bench(const std::string& exe, const std::string& args, std::string* out) {
+  const std::string cmd = fmt::format("{} {} 2>&1", exe, args);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  return ::pclose(p);
+}
+}  // namespace
+
+TEST(FgBench, CompareWithoutMpiSaysSoAndWritesValidJson) {
+  const std::string json = fmt::format("/tmp/fg-bench-test-{}.json", ::getpid());
+  std::string out;
+  int rc = run_bench(FG_BENCH_NOMPI, fmt::format("--compare --m 8,9 --hidden 64 --time-ms 5 -c --port {} --json {}",
+                                                  fgtest::free_port(), json), &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("MPI comparator: absent - fg-bench was built without MPI"), std::string::npos) << out;
+  EXPECT_NE(out.find("### all_gather_list: median latency (us) by implementation"), std::string::npos) << out;
+  EXPECT_NE(out.find("-> yes"), std::string::npos) << out;
+  std::ifstream f(json);
+  nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(validate_report_json(j), "");
+  std::set<std::string> impls;
+  for (const auto& r : j["rows"]) {
+    impls.insert(r["impl"].get<std::string>());
+    EXPECT_EQ(r["check"], "ok") << r.dump();
+    EXPECT_GT(r["limit_us"].get<double>(), 0) << r.dump();
+  }
+  EXPECT_EQ(impls, (std::set<std::string>{"fastgather", "staged", "unfused"}));
+  std::remove(json.c_str());
+}
+
+TEST(FgBench, SixRanksTpThreeDpTwoChecked) {
+  std::string out;
+  int rc = run_bench(FG_BENCH, fmt::format("-c --tp 3 --dp 2 --m 1,8 --hidden 96 --time-ms 5 --no-limits --port {}",
+                                           fgtest::free_port()), &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("6 ranks (TP=3 DP=2, groups of 2)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("failed"), std::string::npos) << out;
+}
