@@ -34,7 +34,7 @@ int free_port() {
 }
 
 std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options) {
-  const int port = free_port();
+  const int port = options.port != 0 ? options.port : free_port();
   std::vector<pid_t> pids(world, -1);
   std::vector<int> pipes(world, -1);
   std::fflush(nullptr);
@@ -77,18 +77,17 @@ std::vector<RankResult> run_job(int world, const RankBody& body, const JobOption
       ::fcntl(pipes[r], F_SETFL, O_NONBLOCK);
       while ((n = ::read(pipes[r], buf, sizeof(buf))) > 0) results[r].error.append(buf, n);
     }
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      for (int r = 0; r < world; ++r) {
-        if (pids[r] != pid) continue;
-        done[r] = true;
-        --remaining;
-        results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        results[r].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-      }
-      continue;
+    bool reaped = false;
+    for (int r = 0; r < world; ++r) {  // only our own children: jobs may run side by side
+      int status = 0;
+      if (done[r] || ::waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
+      done[r] = true;
+      reaped = true;
+      --remaining;
+      results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      results[r].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     }
+    if (reaped) continue;
     if (std::chrono::steady_clock::now() > deadline) {
       for (int r = 0; r < world; ++r) {
         if (!done[r]) {

@@ -23,6 +23,7 @@ struct JobOptions {
   std::chrono::milliseconds timeout{5000};  // communicator timeout
   std::chrono::seconds hang_limit{120};     // whole job
   std::string token;
+  int port = 0;  // 0: a free one
 };
 
 // body returns "" on success or a description of what went wrong.

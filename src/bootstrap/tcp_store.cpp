@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -55,10 +56,11 @@ struct Reader {
   }
 };
 
-std::string reply_frame(StoreReply code, std::string_view payload) {
+std::string reply_frame(StoreReply code, uint32_t id, std::string_view payload) {
   std::string out;
-  put_u32(&out, static_cast<uint32_t>(1 + payload.size()));
+  put_u32(&out, static_cast<uint32_t>(5 + payload.size()));
   out.push_back(static_cast<char>(code));
+  put_u32(&out, id);
   out.append(payload);
   return out;
 }
@@ -91,13 +93,15 @@ int64_t parse_store_request(std::string_view buf, StoreRequest* out) {
   std::memcpy(&len, buf.data(), 4);
   if (len == 0 || len > kMaxFrame) return -1;
   if (buf.size() - 4 < len) return 0;
-  Reader r{buf.substr(5, len - 1)};
+  if (len < 5) return -1;  // op and request id
+  Reader r{buf.substr(9, len - 5)};
   auto op = static_cast<StoreOp>(static_cast<uint8_t>(buf[4]));
   *out = StoreRequest{};
   out->op = op;
+  std::memcpy(&out->id, buf.data() + 5, 4);
   switch (op) {
     case StoreOp::kHello:
-      r.str(&out->key, kMaxKey);
+      r.str(&out->key, kMaxKey) && r.str(&out->value, kMaxKey);
       break;
     case StoreOp::kSet:
       r.str(&out->key, kMaxKey) && r.str(&out->value, kMaxFrame);
@@ -120,11 +124,12 @@ int64_t parse_store_request(std::string_view buf, StoreRequest* out) {
 std::string encode_store_request(const StoreRequest& req) {
   std::string payload;
   payload.push_back(static_cast<char>(req.op));
+  put_u32(&payload, req.id);
   switch (req.op) {
-    case StoreOp::kHello:
     case StoreOp::kGet:
       put_str(&payload, req.key);
       break;
+    case StoreOp::kHello:
     case StoreOp::kSet:
       put_str(&payload, req.key);
       put_str(&payload, req.value);
@@ -151,10 +156,13 @@ struct TcpStoreServer::State {
     std::string in;
     bool greeted = false;
     Clock::time_point since;
+    int rank = -1;  // the job rank this connection speaks for, if it said one
   };
+  int world = -1;               // set by the first rank's HELLO
+  std::map<int, int> joined;    // rank -> connection, while connected
   std::map<int, Client> clients;
   std::map<std::string, std::string> kv;
-  std::multimap<std::string, int> waiting;  // key -> client fds blocked in GET
+  std::multimap<std::string, std::pair<int, uint32_t>> waiting;  // key -> (fd, request id) blocked in GET
   std::mutex mu;                            // guards greeted_count for drain()
   int greeted_count = 0;
   bool any_greeted = false;
@@ -223,17 +231,18 @@ void TcpStoreServer::loop() {
     if (it->second.greeted) {
       std::lock_guard<std::mutex> g(st.mu);
       --st.greeted_count;
+      if (it->second.rank >= 0) st.joined.erase(it->second.rank);
     } else {
       st.rejected.fetch_add(1);
     }
     for (auto w = st.waiting.begin(); w != st.waiting.end();) {
-      w = (w->second == fd) ? st.waiting.erase(w) : std::next(w);
+      w = (w->second.first == fd) ? st.waiting.erase(w) : std::next(w);
     }
     ::close(fd);
     st.clients.erase(it);
   };
-  auto reply = [&](int fd, StoreReply code, std::string_view payload) {
-    return send_all(fd, reply_frame(code, payload), Clock::now() + std::chrono::seconds(1));
+  auto reply = [&](int fd, uint32_t id, StoreReply code, std::string_view payload) {
+    return send_all(fd, reply_frame(code, id, payload), Clock::now() + std::chrono::seconds(1));
   };
 
   std::vector<pollfd> fds;
@@ -283,33 +292,57 @@ void TcpStoreServer::loop() {
         cl.in.erase(0, static_cast<size_t>(used));
         if (!cl.greeted) {
           if (req.op != StoreOp::kHello || req.key != st.token) {
-            reply(fd, StoreReply::kError, "rendezvous refused: first frame must be HELLO with this job's token");
+            reply(fd, req.id, StoreReply::kError, "rendezvous refused: first frame must be HELLO with this job's token");
             to_drop.push_back(fd);
             break;
+          }
+          // "rank/world": a second job's rank, or a stale one, must not join this job.
+          if (!req.value.empty()) {
+            int r = -1, w = -1;
+            if (std::sscanf(req.value.c_str(), "%d/%d", &r, &w) != 2 || r < 0 || w < 1 || r >= w) {
+              reply(fd, req.id, StoreReply::kError, "rendezvous refused: malformed rank identity '" + req.value + "'");
+              to_drop.push_back(fd);
+              break;
+            }
+            std::string why;
+            if (st.world >= 0 && w != st.world) {
+              why = fmt::format("rendezvous refused: this job has {} ranks, the caller says {} (another job on this port?)",
+                                st.world, w);
+            } else if (st.joined.count(r) != 0) {
+              why = fmt::format("rendezvous refused: rank {} has already joined this job (another job on this port?)", r);
+            }
+            if (!why.empty()) {
+              reply(fd, req.id, StoreReply::kError, why);
+              to_drop.push_back(fd);
+              break;
+            }
+            st.world = w;
+            st.joined[r] = fd;
+            cl.rank = r;
           }
           cl.greeted = true;
           {
             std::lock_guard<std::mutex> g(st.mu);
             ++st.greeted_count;
           }
-          reply(fd, StoreReply::kOk, "");
+          reply(fd, req.id, StoreReply::kOk, "");
           continue;
         }
         switch (req.op) {
           case StoreOp::kSet: {
             st.kv[req.key] = req.value;
-            reply(fd, StoreReply::kOk, "");
+            reply(fd, req.id, StoreReply::kOk, "");
             auto [b, e] = st.waiting.equal_range(req.key);
-            for (auto w = b; w != e; ++w) reply(w->second, StoreReply::kOk, req.value);
+            for (auto w = b; w != e; ++w) reply(w->second.first, w->second.second, StoreReply::kOk, req.value);
             st.waiting.erase(b, e);
             break;
           }
           case StoreOp::kGet: {
             auto it = st.kv.find(req.key);
             if (it != st.kv.end()) {
-              reply(fd, StoreReply::kOk, it->second);
+              reply(fd, req.id, StoreReply::kOk, it->second);
             } else {
-              st.waiting.emplace(req.key, fd);
+              st.waiting.emplace(req.key, std::pair{fd, req.id});
             }
             break;
           }
@@ -319,14 +352,14 @@ void TcpStoreServer::loop() {
             if (it != st.kv.end()) v = std::strtoll(it->second.c_str(), nullptr, 10);
             v += req.delta;
             st.kv[req.key] = std::to_string(v);
-            reply(fd, StoreReply::kOk, std::to_string(v));
+            reply(fd, req.id, StoreReply::kOk, std::to_string(v));
             break;
           }
           case StoreOp::kBye:
             to_drop.push_back(fd);
             break;
           case StoreOp::kHello:
-            reply(fd, StoreReply::kError, "HELLO sent twice");
+            reply(fd, req.id, StoreReply::kError, "HELLO sent twice");
             to_drop.push_back(fd);
             break;
         }
@@ -342,7 +375,8 @@ void TcpStoreServer::loop() {
 
 Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::string& addr, int port,
                                                                 const std::string& token,
-                                                                Clock::time_point deadline) {
+                                                                Clock::time_point deadline,
+                                                                const std::string& identity) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
@@ -358,7 +392,7 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       std::unique_ptr<TcpStoreClient> c(new TcpStoreClient(fd));
       c->peer_ = fmt::format("{}:{}", addr, port);
-      StoreRequest hello{StoreOp::kHello, token, {}, 0};
+      StoreRequest hello{.op = StoreOp::kHello, .key = token, .value = identity};
       auto r = c->call(hello, deadline);
       if (!r.ok()) return r.status();
       return c;
@@ -373,38 +407,44 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
 
 TcpStoreClient::~TcpStoreClient() {
   if (fd_ < 0) return;
-  StoreRequest bye{StoreOp::kBye, {}, {}, 0};
+  StoreRequest bye{.op = StoreOp::kBye};
   std::string f = encode_store_request(bye);
   send_all(fd_, f, Clock::now() + std::chrono::milliseconds(100));
   ::close(fd_);
 }
 
-Result<std::string> TcpStoreClient::call(const StoreRequest& req, Clock::time_point deadline) {
+Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point deadline) {
   if (fd_ < 0) return Status{ErrorKind::kPeerLost, "rendezvous connection already closed"};
   auto fail = [&](ErrorKind kind, const std::string& why) -> Status {
-    ::close(fd_);  // a half-read reply would desynchronise the stream
+    ::close(fd_);  // the stream cannot be trusted any more
     fd_ = -1;
     return {kind, fmt::format("rendezvous store {}: {}", peer_, why)};
   };
+  req.id = ++next_id_;
   if (!send_all(fd_, encode_store_request(req), deadline)) return fail(ErrorKind::kPeerLost, "send failed");
-  std::string in;
   for (;;) {
-    if (in.size() >= 4) {
+    // Replies carry the request id: a late answer to a call that timed out
+    // earlier is skipped, so a timeout leaves the connection usable.
+    while (in_.size() >= 4) {
       uint32_t len = 0;
-      std::memcpy(&len, in.data(), 4);
-      if (len == 0 || len > kMaxFrame) return fail(ErrorKind::kSystem, "malformed reply");
-      if (in.size() - 4 >= len) {
-        auto code = static_cast<StoreReply>(in[4]);
-        std::string payload = in.substr(5, len - 1);
-        if (code != StoreReply::kOk) return fail(ErrorKind::kInvalidArgument, payload);
-        return payload;
-      }
+      std::memcpy(&len, in_.data(), 4);
+      if (len < 5 || len > kMaxFrame) return fail(ErrorKind::kSystem, "malformed reply");
+      if (in_.size() - 4 < len) break;
+      auto code = static_cast<StoreReply>(in_[4]);
+      uint32_t id = 0;
+      std::memcpy(&id, in_.data() + 5, 4);
+      std::string payload = in_.substr(9, len - 5);
+      in_.erase(0, 4 + static_cast<size_t>(len));
+      if (id != req.id) continue;
+      if (code != StoreReply::kOk) return fail(ErrorKind::kInvalidArgument, payload);
+      return payload;
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
-      return fail(ErrorKind::kTimeout,
-                  req.op == StoreOp::kGet ? fmt::format("timed out waiting for key '{}'", req.key)
-                                          : std::string("timed out"));
+      return Status{ErrorKind::kTimeout,
+                    fmt::format("rendezvous store {}: {}", peer_,
+                                req.op == StoreOp::kGet ? fmt::format("timed out waiting for key '{}'", req.key)
+                                                        : std::string("timed out"))};
     }
     pollfd p{fd_, POLLIN, 0};
     int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
@@ -417,21 +457,21 @@ Result<std::string> TcpStoreClient::call(const StoreRequest& req, Clock::time_po
       if (errno == EINTR || errno == EAGAIN) continue;
       return fail(ErrorKind::kPeerLost, std::strerror(errno));
     }
-    in.append(buf, static_cast<size_t>(r));
+    in_.append(buf, static_cast<size_t>(r));
   }
 }
 
 Status TcpStoreClient::set(const std::string& key, const std::string& value) {
-  auto r = call({StoreOp::kSet, key, value, 0}, Clock::now() + std::chrono::seconds(30));
+  auto r = call({.op = StoreOp::kSet, .key = key, .value = value}, Clock::now() + std::chrono::seconds(30));
   return r.ok() ? Status::Ok() : r.status();
 }
 
 Result<std::string> TcpStoreClient::get(const std::string& key, Clock::time_point deadline) {
-  return call({StoreOp::kGet, key, {}, 0}, deadline);
+  return call({.op = StoreOp::kGet, .key = key}, deadline);
 }
 
 Result<int64_t> TcpStoreClient::add(const std::string& key, int64_t delta) {
-  auto r = call({StoreOp::kAdd, key, {}, delta}, Clock::now() + std::chrono::seconds(30));
+  auto r = call({.op = StoreOp::kAdd, .key = key, .delta = delta}, Clock::now() + std::chrono::seconds(30));
   if (!r.ok()) return r.status();
   return static_cast<int64_t>(std::strtoll(r.value().c_str(), nullptr, 10));
 }

@@ -1,10 +1,11 @@
 // Out-of-band rendezvous: a small key-value store over TCP, hosted by world
 // rank 0, used only while ranks meet (never for collective data).
 //
-// Frame: u32 length (of what follows, at most kMaxFrame), u8 op, payload.
+// Frame: u32 length (of what follows, at most kMaxFrame), u8 op, u32 request
+// id (echoed by the reply: u32 length, u8 status, u32 id, payload), payload.
 // Strings are u32 length + bytes. The first frame of a connection must be
-// HELLO carrying the job token; anything malformed closes that connection
-// and nothing else.
+// HELLO carrying the job token and the caller's "rank/world"; anything
+// malformed closes that connection and nothing else.
 #pragma once
 
 #include <chrono>
@@ -33,8 +34,9 @@ enum class StoreReply : uint8_t { kOk = 0, kError = 1 };
 // become a valid frame. Kept apart from the sockets so it can be fuzzed.
 struct StoreRequest {
   StoreOp op{};
+  uint32_t id = 0;    // echoed in the reply
   std::string key;    // token for HELLO
-  std::string value;  // SET
+  std::string value;  // SET; "rank/world" for HELLO
   int64_t delta = 0;  // ADD
 };
 int64_t parse_store_request(std::string_view buf, StoreRequest* out);
@@ -63,9 +65,12 @@ class TcpStoreServer {
 class TcpStoreClient {
  public:
   // Retries refused connections (rank 0 may not listen yet) until deadline.
+  // identity "rank/world" lets the store refuse a rank that already joined
+  // or a rank of a job of another size; "" connects anonymously.
   static Result<std::unique_ptr<TcpStoreClient>> connect(const std::string& addr, int port,
                                                          const std::string& token,
-                                                         Clock::time_point deadline);
+                                                         Clock::time_point deadline,
+                                                         const std::string& identity = "");
   ~TcpStoreClient();
 
   Status set(const std::string& key, const std::string& value);
@@ -77,9 +82,11 @@ class TcpStoreClient {
 
  private:
   explicit TcpStoreClient(int fd) : fd_(fd) {}
-  Result<std::string> call(const StoreRequest& req, Clock::time_point deadline);
+  Result<std::string> call(StoreRequest req, Clock::time_point deadline);
   int fd_ = -1;
   std::string peer_;
+  std::string in_;  // bytes received and not yet consumed
+  uint32_t next_id_ = 0;
 };
 
 }  // namespace fastgather::bootstrap

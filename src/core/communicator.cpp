@@ -115,7 +115,8 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config)
     if (!server.ok()) return server.status();
     impl->server = std::move(server).value();
   }
-  auto client = bootstrap::TcpStoreClient::connect(config.master_addr, config.master_port, config.token, deadline);
+  auto client = bootstrap::TcpStoreClient::connect(config.master_addr, config.master_port, config.token, deadline,
+                                                   fmt::format("{}/{}", config.rank, config.world_size));
   if (!client.ok()) {
     return Status{client.status().kind(), fmt::format("rank {}: {}", config.rank, client.status().message())};
   }
