@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(g++ cmake make pkg-config libgtest-dev libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libopenmpi-dev openmpi-bin gnuplot-nox)
+          libopenmpi-dev openmpi-bin gnuplot-nox clang libclang-rt-14-dev)
 
 deps() {
   local missing=()
@@ -27,6 +27,34 @@ build() {
   cmake --build build -j"$(nproc)"
 }
 
+# The whole suite under ASan+UBSan (the soak test is left to the plain build),
+# and the threaded transport and store tests under TSan.
+sanitizers() {
+  echo "== ASan+UBSan build and tests"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFG_SANITIZE=address,undefined -DFG_WITH_MPI=OFF >/dev/null
+  cmake --build build-asan -j"$(nproc)"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j1 -E '^Soak\.'
+  echo "== TSan build and tests (transport, store)"
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFG_SANITIZE=thread -DFG_WITH_MPI=OFF >/dev/null
+  cmake --build build-tsan -j"$(nproc)" --target test_shm_channel test_tcp_store
+  TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/test_shm_channel
+  TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/test_tcp_store
+}
+
+# libFuzzer on the store's frame parser, from the checked-in seeds, 20 s.
+fuzz() {
+  echo "== libFuzzer: store frame parser"
+  cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFG_FUZZ=ON \
+    -DFG_BUILD_TESTS=OFF -DFG_WITH_MPI=OFF >/dev/null
+  cmake --build build-fuzz -j"$(nproc)" --target fuzz_store_frame
+  local corpus
+  corpus=$(mktemp -d)
+  cp tests/fuzz/corpus/* "$corpus"/
+  ./build-fuzz/fuzz_store_frame -max_total_time=20 -max_len=4096 "$corpus" 2>&1 | tail -3
+  rm -rf "$corpus"
+}
+
 case "${1:-}" in
   bench)
     shift
@@ -39,6 +67,8 @@ case "${1:-}" in
     build
     # One test at a time: fault tests measure time-to-error on a 2-core machine.
     ctest --test-dir build --output-on-failure -j1
+    sanitizers
+    fuzz
     ;;
   *)
     echo "usage: $0 bench [fg-bench args] | test" >&2

@@ -107,13 +107,16 @@ TEST(Report, VerdictComparesSameBytesByMedian) {
   fused.op = "all_gather_matmul";
   fused.m = 16;
   fused.lat = summarize({20, 21, 22});
-  auto v = verdicts({ag}, {fused});
+  // Verdicts point into the rows they were given: keep them alive.
+  const std::vector<Row> ags = {ag};
+  std::vector<Row> fuseds = {fused};
+  auto v = verdicts(ags, fuseds);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_TRUE(v[0].at_least_as_fast());
   EXPECT_NE(format_verdicts(v).find("96 KB per rank: all_gather 9.0 us vs all_gather_matmul 21.0 us -> yes"), std::string::npos)
       << format_verdicts(v);
-  fused.lat = summarize({1, 2, 3});
-  EXPECT_FALSE(verdicts({ag}, {fused})[0].at_least_as_fast());
+  fuseds[0].lat = summarize({1, 2, 3});
+  EXPECT_FALSE(verdicts(ags, fuseds)[0].at_least_as_fast());
   EXPECT_EQ(human_bytes(98304), "96 KB");
   EXPECT_EQ(human_bytes(1536 * 1024), "1.5 MB");
 }

@@ -127,6 +127,7 @@ TEST(Cleanup, NothingLeftAfterEveryRankIsKilled) {
     RANK_OK(comm.status());
     auto sub = (*comm)->tp_group_of_dp(2, 2);
     RANK_OK(sub.status());
+    RANK_OK(barrier((*comm)->world()));  // every group is built before anyone dies
     ::raise(SIGKILL);
     return "";
   });
@@ -185,4 +186,33 @@ TEST(Soak, HundredThousandMixedCollectivesSixRanksOnTwoCores) {
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   RecordProperty("seconds", fmt::format("{:.1f}", s));
   std::printf("soak: 6 ranks on %u cores, 100000 collectives per group in %.1f s\n", std::thread::hardware_concurrency(), s);
+}
+
+TEST(Rendezvous, LosingTheStoreHostStopsNewGroupsButNotExistingOnes) {
+  fgtest::JobOptions opt;
+  opt.timeout = 2000ms;
+  auto results = fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group* pair = nullptr;
+    if (c.rank != 0) {
+      auto g = (*comm)->new_group({1, 2});
+      RANK_OK(g.status());
+      pair = g.value();
+    }
+    RANK_OK(barrier((*comm)->world()));
+    if (c.rank == 0) ::raise(SIGKILL);  // the store's host dies
+    for (int i = 0; i < 100; ++i) {
+      Tensor in = Tensor::zeros(DType::kF32, {64}), out = Tensor::zeros(DType::kF32, {128});
+      RANK_OK(all_gather(*pair, in.view(), out.view()));
+    }
+    auto again = (*comm)->new_group({1, 2});
+    RANK_CHECK(!again.ok(), "a group was created without the store");
+    RANK_CHECK(again.status().message().find("store host (world rank 0) lost") != std::string::npos, "{}",
+               again.status().message());
+    return "";
+  }, opt);
+  EXPECT_EQ(results[0].signal, SIGKILL);
+  EXPECT_EQ(results[1].exit_code, 0) << results[1].error;
+  EXPECT_EQ(results[2].exit_code, 0) << results[2].error;
 }

@@ -421,7 +421,9 @@ Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point dea
     return {kind, fmt::format("rendezvous store {}: {}", peer_, why)};
   };
   req.id = ++next_id_;
-  if (!send_all(fd_, encode_store_request(req), deadline)) return fail(ErrorKind::kPeerLost, "send failed");
+  if (!send_all(fd_, encode_store_request(req), deadline)) {
+    return fail(ErrorKind::kPeerLost, fmt::format("connection to the store host (world rank 0) lost: {}", std::strerror(errno)));
+  }
   for (;;) {
     // Replies carry the request id: a late answer to a call that timed out
     // earlier is skipped, so a timeout leaves the connection usable.
@@ -452,10 +454,10 @@ Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point dea
     if (n <= 0) continue;
     char buf[4096];
     ssize_t r = ::recv(fd_, buf, sizeof(buf), 0);
-    if (r == 0) return fail(ErrorKind::kPeerLost, "closed by the store host (rank 0 gone?)");
+    if (r == 0) return fail(ErrorKind::kPeerLost, "connection to the store host (world rank 0) lost: closed");
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return fail(ErrorKind::kPeerLost, std::strerror(errno));
+      return fail(ErrorKind::kPeerLost, fmt::format("connection to the store host (world rank 0) lost: {}", std::strerror(errno)));
     }
     in_.append(buf, static_cast<size_t>(r));
   }

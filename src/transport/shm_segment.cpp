@@ -70,6 +70,15 @@ Result<ShmSegment> ShmSegment::open(const std::string& name, size_t bytes) {
   return seg;
 }
 
+ShmSegment ShmSegment::alias_of(const ShmSegment& other) {
+  ShmSegment seg;
+  seg.name_ = other.name_;
+  seg.addr_ = other.addr_;
+  seg.size_ = other.size_;
+  seg.owns_map_ = false;
+  return seg;
+}
+
 ShmSegment::ShmSegment(ShmSegment&& o) noexcept { *this = std::move(o); }
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
@@ -79,6 +88,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
     addr_ = o.addr_;
     size_ = o.size_;
     owns_name_ = o.owns_name_;
+    owns_map_ = o.owns_map_;
     o.addr_ = nullptr;
     o.size_ = 0;
     o.owns_name_ = false;
@@ -88,7 +98,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
 
 ShmSegment::~ShmSegment() {
   unlink();
-  if (addr_ != nullptr) ::munmap(addr_, size_);
+  if (addr_ != nullptr && owns_map_) ::munmap(addr_, size_);
   addr_ = nullptr;
 }
 

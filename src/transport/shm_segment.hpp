@@ -22,6 +22,11 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
   ~ShmSegment();
 
+  // A second handle on the same mapping that neither unmaps nor unlinks: two
+  // members of one channel in one process (tests) then share addresses, so
+  // ThreadSanitizer sees both sides of every access.
+  static ShmSegment alias_of(const ShmSegment& other);
+
   // Removes the name once every member has mapped it; the mapping stays.
   void unlink();
   std::byte* data() const { return static_cast<std::byte*>(addr_); }
@@ -41,6 +46,7 @@ class ShmSegment {
   void* addr_ = nullptr;
   size_t size_ = 0;
   bool owns_name_ = false;
+  bool owns_map_ = true;
 };
 
 }  // namespace fastgather::transport

@@ -21,6 +21,7 @@ struct Verdict {
   const Row* fused = nullptr;  // null: no fused row with these bytes
   bool at_least_as_fast() const { return fused != nullptr && standalone->lat.median <= fused->lat.median; }
 };
+// The verdicts point into both vectors, which must outlive them.
 std::vector<Verdict> verdicts(const std::vector<Row>& all_gather_rows, const std::vector<Row>& fused_rows);
 std::string format_verdicts(const std::vector<Verdict>& v);
 
