@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -141,5 +142,30 @@ std::vector<std::string> segments_of(const std::vector<RankResult>& ranks) {
     }
   }
   return out;
+}
+}  // namespace fgtest
+
+namespace fgtest {
+std::string gather_mixed_sizes(const fastgather::Config& c, int tp, int dp, std::vector<size_t> sizes,
+                               uint64_t iterations) {
+  using namespace fastgather;
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  auto sub = (*comm)->tp_group_of_dp(tp, dp);
+  RANK_OK(sub.status());
+  Group& g = *sub.value();
+  const size_t max = *std::max_element(sizes.begin(), sizes.end());
+  Tensor in = Tensor::empty(DType::kU8, {static_cast<int64_t>(max)});
+  Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(max) * g.size()});
+  for (uint64_t it = 0; it < iterations; ++it) {
+    const size_t b = sizes[it % sizes.size()];
+    fill_pattern(in.data(), b, c.rank, it);
+    RANK_OK(all_gather(g, TensorView(in.data(), DType::kU8, {static_cast<int64_t>(b)}),
+                       TensorView(out.data(), DType::kU8, {static_cast<int64_t>(b) * g.size()})));
+    for (int i = 0; i < g.size(); ++i) {
+      RANK_CHECK(check_pattern(out.data_as<char>() + i * b, b, g.ranks()[i], it) < 0, "call {} member {}", it, i);
+    }
+  }
+  return "";
 }
 }  // namespace fgtest

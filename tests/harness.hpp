@@ -39,6 +39,11 @@ void fill_pattern(void* dst, size_t bytes, int rank, uint64_t iteration);
 // Returns the first mismatching offset, or -1.
 long long check_pattern(const void* src, size_t bytes, int rank, uint64_t iteration);
 
+// A rank body: in this rank's TP x DP group, `iterations` all-gathers cycling
+// through `sizes` bytes, every byte checked. "" on success.
+std::string gather_mixed_sizes(const fastgather::Config& c, int tp, int dp, std::vector<size_t> sizes,
+                               uint64_t iterations);
+
 // Names in /dev/shm that fastgather made (fg-*).
 std::vector<std::string> fg_segments();
 // Segments created by any of these ranks' processes.

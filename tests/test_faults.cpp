@@ -193,24 +193,7 @@ TEST(Cleanup, NothingLeftInDevShmAfterNormalOrErrorExit) {
 }
 
 TEST(Oversubscribed, SixRanksOnTwoCoresMixedSizes) {
-  auto results = fgtest::run_job(6, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    auto sub = (*comm)->tp_group_of_dp(3, 2);
-    RANK_OK(sub.status());
-    Group& g = *sub.value();
-    const size_t sizes[] = {8, 96 * 1024, 1000, 0, 300000};
-    Tensor in = Tensor::empty(DType::kU8, {300000}), out = Tensor::empty(DType::kU8, {600000});
-    for (uint64_t it = 0; it < 2000; ++it) {
-      const size_t b = sizes[it % std::size(sizes)];
-      fgtest::fill_pattern(in.data(), b, c.rank, it);
-      RANK_OK(all_gather(g, TensorView(in.data(), DType::kU8, {static_cast<int64_t>(b)}),
-                         TensorView(out.data(), DType::kU8, {static_cast<int64_t>(2 * b)})));
-      for (int i = 0; i < 2; ++i) {
-        RANK_CHECK(fgtest::check_pattern(out.data_as<char>() + i * b, b, g.ranks()[i], it) < 0, "call {} member {}", it, i);
-      }
-    }
-    return "";
-  });
-  fgtest::expect_all_ok(results);
+  fgtest::expect_all_ok(fgtest::run_job(6, [](const Config& c) {
+    return fgtest::gather_mixed_sizes(c, 3, 2, {8, 96 * 1024, 1000, 0, 300000}, 2000);
+  }));
 }

@@ -163,24 +163,8 @@ TEST(Soak, HundredThousandMixedCollectivesSixRanksOnTwoCores) {
   const auto t0 = Clock::now();
   fgtest::JobOptions opt;
   opt.hang_limit = 900s;
-  auto results = fgtest::run_job(6, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    auto sub = (*comm)->tp_group_of_dp(3, 2);
-    RANK_OK(sub.status());
-    Group& g = *sub.value();
-    const size_t sizes[] = {0, 8, 33, 4097, 65536, 8, 1000, 32};
-    Tensor in = Tensor::empty(DType::kU8, {65536}), out = Tensor::empty(DType::kU8, {2 * 65536});
-    for (uint64_t it = 0; it < 100000; ++it) {
-      const size_t b = sizes[it % std::size(sizes)];
-      fgtest::fill_pattern(in.data(), b, c.rank, it);
-      RANK_OK(all_gather(g, TensorView(in.data(), DType::kU8, {static_cast<int64_t>(b)}),
-                         TensorView(out.data(), DType::kU8, {static_cast<int64_t>(2 * b)})));
-      for (int i = 0; i < 2; ++i) {
-        RANK_CHECK(fgtest::check_pattern(out.data_as<char>() + i * b, b, g.ranks()[i], it) < 0, "call {} member {}", it, i);
-      }
-    }
-    return "";
+  auto results = fgtest::run_job(6, [](const Config& c) {
+    return fgtest::gather_mixed_sizes(c, 3, 2, {0, 8, 33, 4097, 65536, 8, 1000, 32}, 100000);
   }, opt);
   fgtest::expect_all_ok(results);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
