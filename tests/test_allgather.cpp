@@ -156,3 +156,47 @@ TEST(AllGather, TenThousandBackToBackVaryingSizes) {
     return "";
   }));
 }
+
+// The ring schedule (the multi-step comparator) must gather the same bytes.
+class RingSchedule : public ::testing::TestWithParam<int> {};
+
+TEST_P(RingSchedule, GathersEveryByteInBothForms) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
+    ::setenv("FG_RING_BYTES", "262144", 1);  // 64 KB steps: several chunks per block
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int n = g.size();
+    AllGatherOptions ring;
+    ring.algorithm = AllGatherAlgorithm::kRing;
+    uint64_t it = 500;
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{33}, size_t{4097}, size_t{200000}}) {
+      ++it;
+      Tensor in = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+      fill_pattern(in.data(), bytes, c.rank, it);
+      Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * n});
+      RANK_OK(all_gather(g, in.view(), out.view(), ring));
+      std::vector<Tensor> outs;
+      std::vector<TensorView> views;
+      for (int i = 0; i < n; ++i) {
+        outs.push_back(Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)}));
+        views.push_back(outs.back().view());
+      }
+      RANK_OK(all_gather(g, in.view(), std::span<const TensorView>(views), ring));
+      for (int i = 0; i < n; ++i) {
+        RANK_CHECK(check_pattern(out.data_as<char>() + i * bytes, bytes, i, it) < 0, "contiguous, {} bytes, block {}", bytes, i);
+        RANK_CHECK(check_pattern(outs[i].data(), bytes, i, it) < 0, "list, {} bytes, block {}", bytes, i);
+      }
+    }
+    // Members that disagree on the schedule get a mismatch, not a hang.
+    Tensor in = Tensor::zeros(DType::kU8, {5000}), out = Tensor::zeros(DType::kU8, {5000 * n});
+    Status s = all_gather(g, in.view(), out.view(), c.rank == 0 ? ring : AllGatherOptions{});
+    if (n > 1) {
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find("(ring)") != std::string::npos, "{}", s.to_string());
+    }
+    RANK_OK(all_gather(g, in.view(), out.view()));
+    return "";
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGather, RingSchedule, ::testing::Values(1, 2, 3, 4, 5));

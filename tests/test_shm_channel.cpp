@@ -65,7 +65,7 @@ TEST(ShmChannel, StepsCarryHeadersAndInlineBytesInOrder) {
       uint32_t at = 0;
       std::byte* d = p.b->claim(256, &at);
       std::memset(d, static_cast<int>(i & 0xff), 256);  // ring data, published by the post
-      PostHeader h{i, i * 3, 1, 2, at};
+      PostHeader h{.bytes = i, .aux = i * 3, .op = 1, .dtype = 2, .offset = at};
       p.b->post(step, h, &i, sizeof(i));
       auto line = p.b->wait(0, step);
       ASSERT_TRUE(line.ok());
@@ -128,7 +128,7 @@ TEST(ShmChannel, SleepingWaiterIsWokenByPost) {
   const uint64_t step = p.a->next_step();
   std::thread late([&] {
     std::this_thread::sleep_for(200ms);  // long past spin and yield: the waiter is on the futex
-    p.b->post(p.b->next_step(), PostHeader{7, 0, 0, 0, 0});
+    p.b->post(p.b->next_step(), PostHeader{.bytes = 7});
   });
   auto r = p.a->wait(1, step);
   late.join();

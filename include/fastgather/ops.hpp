@@ -11,12 +11,21 @@
 
 namespace fastgather {
 
+enum class AllGatherAlgorithm {
+  kAuto,  // by size: inline in the synchronisation line (<= 32 B), else one-shot
+  kRing,  // the classic ring: n-1 steps, each forwarding one block; for comparison
+};
+struct AllGatherOptions {
+  AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;  // every member must pass the same
+};
+
 // out holds group.size() inputs back to back, in group-rank order.
-Status all_gather(Group& group, const TensorView& input, const TensorView& output);
+Status all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options = {});
 
 // outputs[i] receives group rank i's input. Each peer's bytes land straight
 // in outputs[i]: no staging copy beyond what the contiguous form does.
-Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs);
+Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
+                  const AllGatherOptions& options = {});
 
 struct AllGatherMatmulOptions {
   bool gather_output = true;  // fill gather_out = allgather(x1)

@@ -17,7 +17,8 @@ constexpr ProtocolRule kRules[] = {
 
 std::string describe(const GatherCall& call, const transport::PostHeader& h) {
   auto dt = static_cast<DType>(h.dtype);
-  std::string s = fmt::format("{} {} bytes of {}", op_name(static_cast<OpCode>(h.op)), h.bytes,
+  std::string s = fmt::format("{}{} {} bytes of {}", op_name(static_cast<OpCode>(h.op)),
+                              h.algo == static_cast<uint8_t>(Schedule::kRingPass) ? "(ring)" : "", h.bytes,
                               h.bytes == 0 && h.dtype == 0 ? "-" : dtype_name(dt));
   if (call.op == OpCode::kAllGatherMatmul) s += fmt::format(" with {}={}", call.aux_name, h.aux);
   return s;
@@ -56,11 +57,50 @@ size_t max_piece(const transport::ShmChannel& channel, size_t align) {
   return channel.max_step_bytes() / align * align;
 }
 
+namespace {
+
+// One lockstep step: publish `len` bytes of `data` (inline, or through this
+// member's ring), then - after `posted` - wait for every peer's post of the
+// same step, compare headers on the call's first step, and hand each peer's
+// bytes to `take`. Every peer is waited for even after a mismatch, so all
+// members leave the call at the same step.
+Status lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine, Protocol protocol,
+                const std::byte* data, size_t len, bool first, std::string* mismatch, FunctionRef<void()> posted,
+                FunctionRef<void(int peer, const std::byte* src)> take) {
+  const int n = ch.members();
+  const int me = ch.me();
+  const uint64_t step = ch.next_step();
+  if (protocol == Protocol::kInline) {
+    ch.post(step, mine, data, len);
+  } else {
+    uint32_t at = 0;
+    std::byte* dst = ch.claim(len, &at);
+    if (len != 0) std::memcpy(dst, data, len);
+    mine.offset = at;
+    ch.post(step, mine);
+  }
+  posted();
+  // Start with the next member so peers do not all read the same one first.
+  for (int i = 1; i < n; ++i) {
+    const int peer = (me + i) % n;
+    auto line = ch.wait(peer, step);
+    if (!line.ok()) return line.status();
+    if (first) compare(ch, call, mine, peer, line.value()->header, mismatch);
+    if (!mismatch->empty() || len == 0) continue;
+    take(peer, protocol == Protocol::kInline ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
+                                             : ch.member_data(peer, line.value()->header.offset));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink) {
   if (!ch.broken().ok()) return ch.broken();
   const int n = ch.members();
   const int me = ch.me();
-  transport::PostHeader mine{call.bytes, call.aux, static_cast<uint16_t>(call.op), static_cast<uint16_t>(call.dtype), 0};
+  const transport::PostHeader mine{call.bytes, call.aux, static_cast<uint8_t>(call.op),
+                                   static_cast<uint8_t>(call.schedule), static_cast<uint16_t>(call.dtype), 0};
   const Protocol protocol = choose_protocol(call.bytes).protocol;
   const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
   if (protocol == Protocol::kRing && chunk == 0) {
@@ -68,37 +108,50 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
                                                  ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
   }
   std::string mismatch;
-  size_t offset = 0;
+  auto own = [&] {
+    if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
+  };
+  auto nothing = [] {};
+  auto failed = [&] { return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch)}; };
+
+  if (call.schedule == Schedule::kRingPass && n > 2 && call.stored_block != nullptr) {
+    // n-1 rounds; in round r this member forwards block (me - r) to me+1 and
+    // receives block (me - r - 1) from me-1. Every chunk is one lockstep step.
+    const int prev = (me + n - 1) % n;
+    bool first = true;
+    for (int round = 0; round < n - 1; ++round) {
+      const int send = (me - round + n) % n, recv = (me - round - 1 + n) % n;
+      const std::byte* from = round == 0 ? call.input : (*call.stored_block)(send);
+      for (size_t off = 0; first || off < call.bytes;) {
+        const size_t len = std::min(chunk, call.bytes - off);
+        const bool own_now = first;
+        auto posted = [&] {
+          if (own_now) own();
+        };
+        Status s = lockstep(ch, call, mine, protocol, from + off, len, first, &mismatch, posted,
+                            [&](int peer, const std::byte* src) {
+                              if (peer == prev) sink(recv, off, src, len);
+                            });
+        if (!s.ok()) return s;
+        if (!mismatch.empty()) return failed();
+        first = false;
+        off += len;
+        if (len == 0) break;
+      }
+    }
+    return Status::Ok();
+  }
+
+  // One-shot: every member's chunk goes to every peer in the same step.
   bool first = true;
-  // At least one step even for 0 bytes, so disagreeing sizes are noticed.
-  while (first || offset < call.bytes) {
-    const size_t len = std::min(chunk, call.bytes - offset);
-    const uint64_t step = ch.next_step();
-    if (protocol == Protocol::kInline) {
-      ch.post(step, mine, call.input, len);
-    } else {
-      uint32_t at = 0;
-      std::byte* dst = ch.claim(len, &at);
-      if (len != 0) std::memcpy(dst, call.input + offset, len);
-      mine.offset = at;
-      ch.post(step, mine);
-    }
-    if (first && call.bytes != 0) sink(me, 0, call.input, call.bytes);
-    // Start with the next member so peers do not all read the same one first.
-    for (int i = 1; i < n; ++i) {
-      const int peer = (me + i) % n;
-      auto line = ch.wait(peer, step);
-      if (!line.ok()) return line.status();
-      if (first) compare(ch, call, mine, peer, line.value()->header, &mismatch);
-      if (!mismatch.empty() || len == 0) continue;  // still wait for all: keeps steps in lockstep
-      const std::byte* src = protocol == Protocol::kInline
-                                 ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
-                                 : ch.member_data(peer, line.value()->header.offset);
-      sink(peer, offset, src, len);
-    }
-    if (!mismatch.empty()) return {ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch)};
+  for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
+    const size_t len = std::min(chunk, call.bytes - off);
+    Status s = lockstep(ch, call, mine, protocol, call.input + off, len, first, &mismatch, first ? FunctionRef<void()>(own) : FunctionRef<void()>(nothing),
+                        [&](int peer, const std::byte* src) { sink(peer, off, src, len); });
+    if (!s.ok()) return s;
+    if (!mismatch.empty()) return failed();
     first = false;
-    offset += len;
+    off += len;
   }
   return Status::Ok();
 }

@@ -22,6 +22,11 @@ enum class Protocol {
   kRing,    // one-shot: copy in to own ring, peers copy out, chunked by ring/4
 };
 
+// The schedule. kOneShot is the protocol table's choice; kRingPass is the
+// classic ring (n-1 steps, each member forwards the block it received last),
+// kept as the multi-step comparator: more copies and a synchronisation per step.
+enum class Schedule : uint8_t { kOneShot = 0, kRingPass = 1 };
+
 struct ProtocolRule {
   size_t max_bytes;  // per member, inclusive
   Protocol protocol;
@@ -39,6 +44,10 @@ struct GatherCall {
   const std::byte* input = nullptr;
   size_t bytes = 0;             // per member
   size_t align = 1;             // every piece is a multiple of this (a row)
+  Schedule schedule = Schedule::kOneShot;
+  // kRingPass only: where member m's block, already handed to the sink, can
+  // be read back to be forwarded.
+  FunctionRef<const std::byte*(int member)>* stored_block = nullptr;
 };
 
 // sink(member, offset, src, len): bytes [offset, offset+len) of member's input

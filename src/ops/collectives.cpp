@@ -9,18 +9,19 @@ namespace fastgather {
 
 namespace {
 
-algo::GatherCall gather_call(const TensorView& input) {
+algo::GatherCall gather_call(const TensorView& input, const AllGatherOptions& options) {
   algo::GatherCall call;
   call.op = algo::OpCode::kAllGather;
   call.dtype = static_cast<uint32_t>(input.dtype);
   call.input = static_cast<const std::byte*>(input.data);
   call.bytes = input.nbytes();
+  call.schedule = options.algorithm == AllGatherAlgorithm::kRing ? algo::Schedule::kRingPass : algo::Schedule::kOneShot;
   return call;
 }
 
 }  // namespace
 
-Status all_gather(Group& group, const TensorView& input, const TensorView& output) {
+Status all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options) {
   constexpr const char* kOp = "all_gather";
   if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) return s;
   if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) return s;
@@ -39,13 +40,18 @@ Status all_gather(Group& group, const TensorView& input, const TensorView& outpu
   if (input.data != own_slot && ops::overlaps(input.data, bytes, out, bytes * n)) {
     return ops::invalid(group, kOp, "input overlaps output other than as this rank's own block");
   }
-  return algo::gather(channel_of(group), gather_call(input), [&](int member, size_t off, const std::byte* src, size_t len) {
+  auto stored = [&](int member) -> const std::byte* { return out + static_cast<size_t>(member) * bytes; };
+  algo::FunctionRef<const std::byte*(int)> stored_ref(stored);
+  algo::GatherCall call = gather_call(input, options);
+  call.stored_block = &stored_ref;
+  return algo::gather(channel_of(group), call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) std::memcpy(dst, src, len);
   });
 }
 
-Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs) {
+Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
+                  const AllGatherOptions& options) {
   constexpr const char* kOp = "all_gather(list)";
   if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) return s;
   const size_t bytes = input.nbytes();
@@ -64,7 +70,13 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
       return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
     }
   }
-  return algo::gather(channel_of(group), gather_call(input), [&](int member, size_t off, const std::byte* src, size_t len) {
+  auto stored = [&](int member) -> const std::byte* {
+    return static_cast<const std::byte*>(outputs[static_cast<size_t>(member)].data);
+  };
+  algo::FunctionRef<const std::byte*(int)> stored_ref(stored);
+  algo::GatherCall call = gather_call(input, options);
+  call.stored_block = &stored_ref;
+  return algo::gather(channel_of(group), call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) std::memcpy(dst, src, len);
   });

@@ -37,12 +37,13 @@ constexpr size_t kInlineBytes = 32;
 struct PostHeader {
   uint64_t bytes = 0;  // payload of the whole call per member
   uint64_t aux = 0;    // op-specific (k for the fused op)
-  uint16_t op = 0;
+  uint8_t op = 0;
+  uint8_t algo = 0;    // which schedule: members must agree, or their steps would not line up
   uint16_t dtype = 0;
   uint32_t offset = 0;  // where this step's bytes start in the member's ring
   // Same collective with the same shape (where the bytes sit may differ).
   bool same_call(const PostHeader& o) const {
-    return bytes == o.bytes && aux == o.aux && op == o.op && dtype == o.dtype;
+    return bytes == o.bytes && aux == o.aux && op == o.op && algo == o.algo && dtype == o.dtype;
   }
 };
 

@@ -26,9 +26,10 @@ class AllGatherCase : public Case {
  public:
   enum class Form { kContiguous, kList, kStagedList };
 
-  AllGatherCase(Group& g, const CaseShape& s, Form form) : g_(g), form_(form) {
+  AllGatherCase(Group& g, const CaseShape& s, Form form, AllGatherOptions options = {})
+      : g_(g), form_(form), options_(options) {
     op = form == Form::kContiguous ? "all_gather" : "all_gather_list";
-    impl = form == Form::kStagedList ? "staged" : "fastgather";
+    impl = form == Form::kStagedList ? "staged" : options.algorithm == AllGatherAlgorithm::kRing ? "ring" : "fastgather";
     m = s.m;
     dtype = s.dtype;
     for (int v = 0; v < std::max(s.variants, 1); ++v) {
@@ -51,8 +52,8 @@ class AllGatherCase : public Case {
   Status run(uint64_t it) override {
     Buffers& b = sets_[it % sets_.size()];
     switch (form_) {
-      case Form::kContiguous: return all_gather(g_, b.in.view(), b.out.view());
-      case Form::kList: return all_gather(g_, b.in.view(), std::span<const TensorView>(b.views));
+      case Form::kContiguous: return all_gather(g_, b.in.view(), b.out.view(), options_);
+      case Form::kList: return all_gather(g_, b.in.view(), std::span<const TensorView>(b.views), options_);
       case Form::kStagedList: return staged(b);
     }
     return Status::Ok();
@@ -89,6 +90,7 @@ class AllGatherCase : public Case {
 
   Group& g_;
   Form form_;
+  AllGatherOptions options_;
   std::vector<Buffers> sets_;
 };
 
@@ -220,6 +222,11 @@ class AllGatherMatmulCase : public Case {
 
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous);
+}
+std::unique_ptr<Case> make_ring_all_gather(Group& g, const CaseShape& s) {
+  AllGatherOptions ring;
+  ring.algorithm = AllGatherAlgorithm::kRing;
+  return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous, ring);
 }
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kList);

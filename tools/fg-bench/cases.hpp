@@ -21,7 +21,7 @@ class Case {
   virtual double compute_floor_us() { return 0; }
 
   std::string op;    // all_gather, all_gather_list, all_gather_matmul
-  std::string impl;  // fastgather, staged, unfused, mpi
+  std::string impl;  // fastgather, ring, staged, unfused, mpi
   int64_t m = 0;
   DType dtype = DType::kF32;
   size_t bytes_per_rank = 0;
@@ -47,6 +47,8 @@ struct CaseShape {
 };
 
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);
+// The multi-step schedule (ring, n-1 steps) of the same all-gather.
+std::unique_ptr<Case> make_ring_all_gather(Group& g, const CaseShape& s);
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s);
 // What a framework's list form does: gather into a fresh flat temporary, copy
 // each block back into its list buffer, synchronise the group per call.

@@ -173,6 +173,8 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
     const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1};
     if (wants("all_gather")) {
       plan_cases.push_back([&g, s] { return make_all_gather(g, s); });
+      // With 2 ranks a ring is the one-shot schedule; beyond, it shows what extra steps cost.
+      if (o.compare && g.size() > 2) plan_cases.push_back([&g, s] { return make_ring_all_gather(g, s); });
       if (use_mpi) plan_cases.push_back([s] { return mpi::make_all_gather(s, 0); });
     }
     if (wants("all_gather_list")) {

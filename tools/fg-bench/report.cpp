@@ -154,7 +154,7 @@ std::string validate_report_json(const nlohmann::json& j) {
       if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
     }
     const std::string impl = r["impl"];
-    if (impl != "fastgather" && impl != "staged" && impl != "unfused" && impl != "mpi") {
+    if (impl != "fastgather" && impl != "ring" && impl != "staged" && impl != "unfused" && impl != "mpi") {
       return fmt::format("row {}: unknown impl '{}'", i, impl);
     }
     const std::string op = r["op"];
