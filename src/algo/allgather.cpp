@@ -12,7 +12,7 @@ namespace {
 
 constexpr ProtocolRule kRules[] = {
     {transport::kInlineBytes, Protocol::kInline, "inline"},
-    {SIZE_MAX, Protocol::kRing, "ring"},
+    {SIZE_MAX, Protocol::kCopyInOut, "copy-in/copy-out"},
 };
 
 std::string describe(const GatherCall& call, const transport::PostHeader& h) {
@@ -103,7 +103,7 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
                                    static_cast<uint8_t>(call.schedule), static_cast<uint16_t>(call.dtype), 0};
   const Protocol protocol = choose_protocol(call.bytes).protocol;
   const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
-  if (protocol == Protocol::kRing && chunk == 0) {
+  if (protocol == Protocol::kCopyInOut && chunk == 0) {
     return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
                                                  ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
   }

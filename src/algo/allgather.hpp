@@ -19,7 +19,7 @@ const char* op_name(OpCode op);
 
 enum class Protocol {
   kInline,  // bytes ride in the post line: one cache-line transfer per peer
-  kRing,    // one-shot: copy in to own ring, peers copy out, chunked by ring/4
+  kCopyInOut,  // one-shot: copy in to own ring buffer, peers copy out, chunked by ring/4
 };
 
 // The schedule. kOneShot is the protocol table's choice; kRingPass is the
