@@ -181,3 +181,26 @@ TEST(TcpStoreParser, AcceptsWhatTheEncoderWritesAndNothingLonger) {
   bad_op[4] = 99;
   EXPECT_EQ(parse_store_request(bad_op, &out), -1);
 }
+
+TEST(TcpStore, HalfOpenAndSilentConnectionsNeitherBlockNorStay) {
+  auto s = TcpStoreServer::start("127.0.0.1", 0, "", 300ms);
+  ASSERT_TRUE(s.ok());
+  auto& server = s.value();
+  // One connection sends half a frame and stalls; another says nothing at all.
+  int half = raw_socket(server->port());
+  std::string frame = encode_store_request({.op = StoreOp::kHello, .key = "", .value = "0/2"});
+  ASSERT_EQ(::send(half, frame.data(), 6, 0), 6);
+  int silent = raw_socket(server->port());
+  // The job is not disturbed meanwhile.
+  auto good = connect(server->port());
+  ASSERT_TRUE(good->set("k", "v").ok());
+  EXPECT_EQ(good->get("k", Clock::now() + 1s).value(), "v");
+  // Both are dropped once they have had their chance to say HELLO.
+  auto t0 = Clock::now();
+  EXPECT_TRUE(closed_by_server(half));
+  EXPECT_TRUE(closed_by_server(silent));
+  EXPECT_LT(Clock::now() - t0, 2s);
+  ::close(half);
+  ::close(silent);
+  EXPECT_GE(server->rejected_connections(), 2u);
+}

@@ -152,6 +152,7 @@ struct TcpStoreServer::State {
   int listen_fd = -1;
   int wake_fd = -1;  // eventfd: stop request
   std::string token;
+  std::chrono::milliseconds hello_within{10000};
   struct Client {
     std::string in;
     bool greeted = false;
@@ -170,11 +171,13 @@ struct TcpStoreServer::State {
 };
 
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& addr, int port,
-                                                              std::string token) {
+                                                              std::string token,
+                                                              std::chrono::milliseconds hello_within) {
   std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
   s->state_ = std::make_unique<State>();
   State& st = *s->state_;
   st.token = std::move(token);
+  st.hello_within = hello_within;
   st.listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (st.listen_fd < 0) return sys_error("store socket");
   int one = 1;
@@ -224,7 +227,6 @@ void TcpStoreServer::drain(Clock::time_point deadline) {
 
 void TcpStoreServer::loop() {
   State& st = *state_;
-  constexpr auto kHelloWithin = std::chrono::seconds(10);  // half-open peers are dropped
   auto drop = [&](int fd) {
     auto it = st.clients.find(fd);
     if (it == st.clients.end()) return;
@@ -268,7 +270,7 @@ void TcpStoreServer::loop() {
     for (size_t i = 2; i < fds.size(); ++i) {
       int fd = fds[i].fd;
       auto& cl = st.clients[fd];
-      if (!cl.greeted && Clock::now() - cl.since > kHelloWithin) {
+      if (!cl.greeted && Clock::now() - cl.since > st.hello_within) {  // half-open or silent
         to_drop.push_back(fd);
         continue;
       }

@@ -45,8 +45,9 @@ std::string encode_store_request(const StoreRequest& req);
 class TcpStoreServer {
  public:
   // Listens on addr:port (port 0 picks one; see port()).
-  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& addr, int port,
-                                                       std::string token);
+  // A connection that has not said HELLO within hello_within is dropped.
+  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& addr, int port, std::string token,
+                                                       std::chrono::milliseconds hello_within = std::chrono::seconds(10));
   ~TcpStoreServer();
   int port() const { return port_; }
   // Waits until every client that said HELLO has closed, or until deadline.
