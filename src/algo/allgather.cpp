@@ -1,5 +1,6 @@
 #include "algo/allgather.hpp"
 
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -65,8 +66,8 @@ namespace {
 // bytes to `take`. Every peer is waited for even after a mismatch, so all
 // members leave the call at the same step.
 Status lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine, Protocol protocol,
-                const std::byte* data, size_t len, bool first, std::string* mismatch, FunctionRef<void()> posted,
-                FunctionRef<void(int peer, const std::byte* src)> take) {
+                CopyIn how, const std::byte* data, size_t len, bool first, std::string* mismatch,
+                FunctionRef<void()> posted, FunctionRef<void(int peer, const std::byte* src)> take) {
   const int n = ch.members();
   const int me = ch.me();
   const uint64_t step = ch.next_step();
@@ -75,7 +76,7 @@ Status lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::Po
   } else {
     uint32_t at = 0;
     std::byte* dst = ch.claim(len, &at);
-    if (len != 0) std::memcpy(dst, data, len);
+    if (len != 0) copy_into_ring(how, dst, data, len);
     mine.offset = at;
     ch.post(step, mine);
   }
@@ -107,6 +108,14 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
     return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
                                                  ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
   }
+  // How to copy into the ring: whichever has made whole calls faster here.
+  const auto started = std::chrono::steady_clock::now();
+  const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
+  auto learn = [&] {
+    if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {
+      call.copy_in->record(call.bytes, how, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - started).count());
+    }
+  };
   std::string mismatch;
   auto own = [&] {
     if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
@@ -128,7 +137,7 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
         auto posted = [&] {
           if (own_now) own();
         };
-        Status s = lockstep(ch, call, mine, protocol, from + off, len, first, &mismatch, posted,
+        Status s = lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, posted,
                             [&](int peer, const std::byte* src) {
                               if (peer == prev) sink(recv, off, src, len);
                             });
@@ -139,6 +148,7 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
         if (len == 0) break;
       }
     }
+    learn();
     return Status::Ok();
   }
 
@@ -146,13 +156,15 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
   bool first = true;
   for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
     const size_t len = std::min(chunk, call.bytes - off);
-    Status s = lockstep(ch, call, mine, protocol, call.input + off, len, first, &mismatch, first ? FunctionRef<void()>(own) : FunctionRef<void()>(nothing),
+    Status s = lockstep(ch, call, mine, protocol, how, call.input + off, len, first, &mismatch,
+                        first ? FunctionRef<void()>(own) : FunctionRef<void()>(nothing),
                         [&](int peer, const std::byte* src) { sink(peer, off, src, len); });
     if (!s.ok()) return s;
     if (!mismatch.empty()) return failed();
     first = false;
     off += len;
   }
+  learn();
   return Status::Ok();
 }
 

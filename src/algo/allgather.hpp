@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 
+#include "algo/copy_in.hpp"
 #include "algo/function_ref.hpp"
 #include "fastgather/status.hpp"
 #include "transport/shm_channel.hpp"
@@ -48,6 +49,8 @@ struct GatherCall {
   // kRingPass only: where member m's block, already handed to the sink, can
   // be read back to be forwarded.
   FunctionRef<const std::byte*(int member)>* stored_block = nullptr;
+  // Learns how to copy into the ring on this machine (null: regular stores).
+  CopyInChooser* copy_in = nullptr;
 };
 
 // sink(member, offset, src, len): bytes [offset, offset+len) of member's input

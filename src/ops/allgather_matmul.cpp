@@ -120,6 +120,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   call.input = static_cast<const std::byte*>(x1.data);
   call.bytes = m * row_bytes;
   call.align = row_bytes == 0 ? 1 : row_bytes;
+  call.copy_in = &group.impl()->copy_in_fused;
 
   // Multiplies rows [row0, row0+rows) of allgather(x1), readable at src.
   auto multiply = [&](size_t row0, size_t rows, const std::byte* src) {

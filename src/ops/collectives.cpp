@@ -44,6 +44,7 @@ Status all_gather(Group& group, const TensorView& input, const TensorView& outpu
   algo::FunctionRef<const std::byte*(int)> stored_ref(stored);
   algo::GatherCall call = gather_call(input, options);
   call.stored_block = &stored_ref;
+  call.copy_in = &group.impl()->copy_in;
   return algo::gather(channel_of(group), call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) std::memcpy(dst, src, len);
@@ -76,6 +77,7 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
   algo::FunctionRef<const std::byte*(int)> stored_ref(stored);
   algo::GatherCall call = gather_call(input, options);
   call.stored_block = &stored_ref;
+  call.copy_in = &group.impl()->copy_in;
   return algo::gather(channel_of(group), call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) std::memcpy(dst, src, len);

@@ -113,6 +113,113 @@ nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& 
           {"trials", o.run.trials},    {"dv", o.dv},            {"compare", o.compare}};
 }
 
+using CaseFactory = std::function<std::unique_ptr<Case>()>;
+
+// Rank 0 measures between the CPUs of its group's first two members while
+// everyone else waits at a barrier. Collective over the world.
+Result<Limits> measure_machine_limits(Communicator& comm, Group& g, const Options& o, DType ag_dtype) {
+  int32_t cpu = ::sched_getcpu();
+  std::vector<int32_t> cpus(static_cast<size_t>(comm.size()));
+  if (Status s = all_gather(comm.world(), TensorView(&cpu, DType::kI32, {1}), TensorView(cpus.data(), DType::kI32, {comm.size()}));
+      !s.ok()) {
+    return s;
+  }
+  Limits limits;
+  if (comm.rank() == 0) {
+    std::vector<size_t> sizes = {64, 4096, 32768};
+    for (int64_t m : o.ms) sizes.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
+    limits = measure_limits(sizes, cpus[0], cpus[static_cast<size_t>(g.size() > 1 ? g.ranks()[1] : 0)]);
+  }
+  if (Status s = barrier(comm.world()); !s.ok()) return s;
+  return limits;
+}
+
+// For each size, the ops asked for, and with --compare the other
+// implementations of each.
+std::vector<CaseFactory> plan_cases(Group& g, const Options& o, DType ag_dtype, DType mm_dtype, bool use_mpi, bool lead) {
+  auto wants = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
+  std::vector<CaseFactory> cases;
+  for (int64_t m : o.ms) {
+    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1};
+    if (wants("all_gather")) {
+      cases.push_back([&g, s] { return make_all_gather(g, s); });
+      // With 2 ranks a ring is the one-shot schedule; beyond, it shows what extra steps cost.
+      if (o.compare && g.size() > 2) cases.push_back([&g, s] { return make_ring_all_gather(g, s); });
+      if (use_mpi) cases.push_back([s] { return mpi::make_all_gather(s, 0); });
+    }
+    if (wants("all_gather_list")) {
+      cases.push_back([&g, s] { return make_all_gather_list(g, s); });
+      if (o.compare) cases.push_back([&g, s] { return make_staged_all_gather_list(g, s); });
+    }
+    if (wants("all_gather_matmul")) {
+      // The fused row moving the same bytes per rank as this AllGather row.
+      const size_t bytes = static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype);
+      const size_t row_bytes = static_cast<size_t>(o.hidden) * dtype_size(mm_dtype);
+      if (bytes % row_bytes != 0) {
+        if (lead) std::fprintf(stderr, "fg-bench: no %s row moves %zu bytes per rank; skipped\n", o.mm_dtype.c_str(), bytes);
+        continue;
+      }
+      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1};
+      cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
+      if (o.compare) cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
+    }
+  }
+  return cases;
+}
+
+std::string mpi_line(bool use_mpi) {
+  if (use_mpi) return fmt::format("MPI comparator: {}\n", mpi::library_version());
+  if (!mpi::built()) return "MPI comparator: absent - fg-bench was built without MPI (install libopenmpi-dev and rebuild)\n";
+  return "MPI comparator: not used - the ranks were not started by mpirun (FG_NO_MPIRUN set, or mpirun missing)\n";
+}
+
+// Rank 0's report: the original's tables, the verdicts, the side-by-side tables.
+std::string format_report(const Options& o, const LaunchPlan& plan, int world, int group_size, bool use_mpi,
+                          const Limits* limits, const std::vector<Row>& rows) {
+  auto select = [&](const std::string& op) {
+    std::vector<Row> out;
+    for (const Row& r : rows) {
+      if (r.op == op && r.impl == "fastgather") out.push_back(r);
+    }
+    return out;
+  };
+  std::string out = fmt::format("fg-bench: {} ranks (TP={} DP={}, groups of {}), {} cores, {}\n", world, plan.tp,
+                                plan.dp, group_size, sysconf(_SC_NPROCESSORS_ONLN), cpu_model());
+  if (o.compare) out += mpi_line(use_mpi);
+  out += "\n";
+  if (limits != nullptr) out += format_limits(*limits) + "\n";
+  const auto ag = select("all_gather"), agl = select("all_gather_list"), agm = select("all_gather_matmul");
+  if (!ag.empty()) out += format_table(fmt::format("AllGather ({}, hidden {})", o.dtype, o.hidden), ag) + "\n";
+  if (!agl.empty()) {
+    out += format_table(fmt::format("AllGather, list of {} outputs ({}, hidden {})", group_size, o.dtype, o.hidden), agl) + "\n";
+  }
+  if (!agm.empty()) out += format_table(fmt::format("AllGather+MatMul ({}, hidden {}, n={})", o.mm_dtype, o.hidden, o.n), agm) + "\n";
+  if (!ag.empty() && !agm.empty()) out += format_verdicts(verdicts(ag, agm)) + "\n";
+  if (o.compare || limits != nullptr) {
+    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul"}) {
+      if (std::string t = format_compare(op, rows); !t.empty()) out += t + "\n";
+    }
+  }
+  if (std::string t = format_phases(rows); !t.empty()) out += t + "\n";
+  out += "Latency per iteration is the slowest rank's. Effective bandwidth = algbw = total gathered bytes / avg latency; "
+         "busbw = algbw x (n-1)/n (nccl-tests). limit: docs/benchmarks.md.\n";
+  return out;
+}
+
+Status write_json(const std::string& path, nlohmann::json config, bool use_mpi, const Limits& limits,
+                  const std::vector<Row>& rows) {
+  config["mpi"] = use_mpi ? mpi::library_version() : mpi::built() ? "not used" : "absent";
+  config["limits"] = {{"rtt_ns", limits.rtt_ns}};
+  for (size_t i = 0; i < limits.local.size() && i < limits.peer.size(); ++i) {
+    config["limits"]["copy"].push_back(
+        {{"bytes", limits.local[i].bytes}, {"local_us", limits.local[i].us}, {"peer_us", limits.peer[i].us}});
+  }
+  std::ofstream f(path);
+  f << report_json(config, rows).dump(2) << "\n";
+  if (!f) return {ErrorKind::kSystem, "cannot write " + path};
+  return Status::Ok();
+}
+
 int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
   auto fail = [&](const Status& s) {
     std::fprintf(stderr, "fg-bench: rank %d: %s\n", c.rank, s.to_string().c_str());
@@ -136,69 +243,26 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
   DType ag_dtype{}, mm_dtype{};
   parse_dtype(o.dtype, &ag_dtype);
   parse_dtype(o.mm_dtype, &mm_dtype);
-  Runner runner(**comm, g, o.run);
   const bool lead = c.rank == 0;
-  auto wants = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
 
-  // The machine's limits, measured by rank 0 between the CPUs of its group's
-  // first two members while everyone else waits.
   Limits limits;
   const bool with_limits = !o.no_limits || o.limits_only;
   if (with_limits) {
-    int32_t cpu = ::sched_getcpu(), cpus[1024] = {};
-    const int w = (*comm)->size();
-    if (Status s = all_gather((*comm)->world(), TensorView(&cpu, DType::kI32, {1}), TensorView(cpus, DType::kI32, {std::min(w, 1024)}));
-        !s.ok()) {
-      return fail(s);
-    }
-    if (lead) {
-      std::vector<size_t> sizes = {64, 4096, 32768};
-      for (int64_t m : o.ms) {
-        sizes.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
-      }
-      const int peer = g.size() > 1 ? g.ranks()[1] : 0;
-      limits = measure_limits(sizes, cpus[0], cpus[peer]);
-    }
-    if (Status s = barrier((*comm)->world()); !s.ok()) return fail(s);
+    auto l = measure_machine_limits(**comm, g, o, ag_dtype);
+    if (!l.ok()) return fail(l.status());
+    limits = l.value();
     if (o.limits_only) {
       if (lead) std::fputs(format_limits(limits).c_str(), stdout);
       return 0;
     }
   }
 
-  // What to measure: for each size, the ops asked for, and with --compare the
-  // other implementations of each.
-  std::vector<std::function<std::unique_ptr<Case>()>> plan_cases;
-  for (int64_t m : o.ms) {
-    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1};
-    if (wants("all_gather")) {
-      plan_cases.push_back([&g, s] { return make_all_gather(g, s); });
-      // With 2 ranks a ring is the one-shot schedule; beyond, it shows what extra steps cost.
-      if (o.compare && g.size() > 2) plan_cases.push_back([&g, s] { return make_ring_all_gather(g, s); });
-      if (use_mpi) plan_cases.push_back([s] { return mpi::make_all_gather(s, 0); });
-    }
-    if (wants("all_gather_list")) {
-      plan_cases.push_back([&g, s] { return make_all_gather_list(g, s); });
-      if (o.compare) plan_cases.push_back([&g, s] { return make_staged_all_gather_list(g, s); });
-    }
-    if (wants("all_gather_matmul")) {
-      // The fused row moving the same bytes per rank as this AllGather row.
-      const size_t bytes = static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype);
-      const size_t row_bytes = static_cast<size_t>(o.hidden) * dtype_size(mm_dtype);
-      if (bytes % row_bytes != 0) {
-        if (lead) std::fprintf(stderr, "fg-bench: no %s row moves %zu bytes per rank; skipped\n", o.mm_dtype.c_str(), bytes);
-        continue;
-      }
-      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1};
-      plan_cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
-      if (o.compare) plan_cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
-    }
-  }
-
+  Runner runner(**comm, g, o.run);
+  const std::vector<CaseFactory> cases = plan_cases(g, o, ag_dtype, mm_dtype, use_mpi, lead);
   std::vector<Row> rows;
-  for (size_t i = 0; i < plan_cases.size(); ++i) {
-    std::unique_ptr<Case> cs = plan_cases[i]();
-    progress(lead, i, plan_cases.size(), *cs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::unique_ptr<Case> cs = cases[i]();
+    progress(lead, i, cases.size(), *cs);
     auto r = runner.measure(*cs);
     if (!r.ok()) return fail(r.status());
     Row row = r.value();
@@ -207,64 +271,17 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
       row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
     }
     rows.push_back(std::move(row));
-    progress(lead, i + 1, plan_cases.size(), *cs);
+    progress(lead, i + 1, cases.size(), *cs);
   }
   if (!lead) return 0;
 
-  auto select = [&](const std::string& op, const std::string& impl) {
-    std::vector<Row> out;
-    for (const Row& r : rows) {
-      if (r.op == op && r.impl == impl) out.push_back(r);
-    }
-    return out;
-  };
-  const int world = c.world_size;
-  std::string out = fmt::format("fg-bench: {} ranks (TP={} DP={}, groups of {}), {} cores, {}\n", world, plan.tp,
-                                plan.dp, g.size(), sysconf(_SC_NPROCESSORS_ONLN), cpu_model());
-  if (o.compare) {
-    out += use_mpi ? fmt::format("MPI comparator: {}\n", mpi::library_version())
-           : !mpi::built() ? "MPI comparator: absent - fg-bench was built without MPI (install libopenmpi-dev and rebuild)\n"
-                           : "MPI comparator: not used - the ranks were not started by mpirun (FG_NO_MPIRUN set, or mpirun missing)\n";
-  }
-  out += "\n";
-  if (with_limits) out += format_limits(limits) + "\n";
-  const auto ag = select("all_gather", "fastgather"), agl = select("all_gather_list", "fastgather"),
-             agm = select("all_gather_matmul", "fastgather");
-  if (!ag.empty()) out += format_table(fmt::format("AllGather ({}, hidden {})", o.dtype, o.hidden), ag) + "\n";
-  if (!agl.empty()) {
-    out += format_table(fmt::format("AllGather, list of {} outputs ({}, hidden {})", g.size(), o.dtype, o.hidden), agl) + "\n";
-  }
-  if (!agm.empty()) out += format_table(fmt::format("AllGather+MatMul ({}, hidden {}, n={})", o.mm_dtype, o.hidden, o.n), agm) + "\n";
-  if (!ag.empty() && !agm.empty()) out += format_verdicts(verdicts(ag, agm)) + "\n";
-  if (o.compare || with_limits) {
-    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul"}) {
-      if (std::string t = format_compare(op, rows); !t.empty()) out += t + "\n";
-    }
-  }
-  if (std::string t = format_phases(rows); !t.empty()) out += t + "\n";
-  out += "Latency per iteration is the slowest rank's. Effective bandwidth = algbw = total gathered bytes / avg latency; "
-         "busbw = algbw x (n-1)/n (nccl-tests). limit: docs/benchmarks.md.\n";
-  std::fputs(out.c_str(), stdout);
+  std::fputs(format_report(o, plan, c.world_size, g.size(), use_mpi, with_limits ? &limits : nullptr, rows).c_str(), stdout);
   std::fflush(stdout);
-
-  nlohmann::json config = config_json(o, c, plan);
-  config["mpi"] = use_mpi ? mpi::library_version() : "absent";
-  config["limits"] = {{"rtt_ns", limits.rtt_ns}};
-  for (size_t i = 0; i < limits.local.size(); ++i) {
-    config["limits"]["copy"].push_back(
-        {{"bytes", limits.local[i].bytes}, {"local_us", limits.local[i].us}, {"peer_us", limits.peer[i].us}});
-  }
   if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    f << report_json(config, rows).dump(2) << "\n";
-    if (!f) {
-      std::fprintf(stderr, "fg-bench: cannot write %s\n", o.json.c_str());
-      return 1;
-    }
+    if (Status s = write_json(o.json, config_json(o, c, plan), use_mpi, limits, rows); !s.ok()) return fail(s);
   }
   if (!o.plot.empty()) {
-    Status s = plot(rows, o.plot, fmt::format("fg-bench: {} ranks, {}", world, cpu_model()));
-    if (!s.ok()) return fail(s);
+    if (Status s = plot(rows, o.plot, fmt::format("fg-bench: {} ranks, {}", c.world_size, cpu_model())); !s.ok()) return fail(s);
     std::printf("plots: %s (and .svg)\n", o.plot.c_str());
   }
   bool failed = false;

@@ -1,0 +1,86 @@
+#include "algo/copy_in.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace fastgather::algo {
+namespace {
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void stream_copy(std::byte* dst, const std::byte* src, size_t len) {
+  size_t i = 0;
+  // Ring chunks start on cache lines, so dst + i is 32-byte aligned here.
+  for (; i + 32 <= len; i += 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  }
+  if (i < len) std::memcpy(dst + i, src + i, len - i);
+  _mm_sfence();  // streaming stores are weakly ordered: drain them before the post's release store
+}
+bool have_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2");
+  return ok;
+}
+#endif
+
+constexpr uint32_t kWarmSamples = 8;     // per way, before choosing
+constexpr uint64_t kDecideEvery = 32;    // calls between two looks at the medians
+constexpr uint64_t kExploreEvery = 256;  // then try the other way ...
+constexpr uint64_t kExploreFor = 4;      // ... for this many calls
+
+}  // namespace
+
+void copy_into_ring(CopyIn how, std::byte* dst, const std::byte* src, size_t len) {
+#if defined(__x86_64__)
+  if (how == CopyIn::kStreaming && have_avx2() && reinterpret_cast<uintptr_t>(dst) % 32 == 0) {
+    return stream_copy(dst, src, len);
+  }
+#endif
+  std::memcpy(dst, src, len);
+}
+
+CopyInChooser::CopyInChooser() {
+  if (const char* v = std::getenv("FG_COPY_IN")) {
+    if (std::string_view(v) == "cached") forced_ = static_cast<int>(CopyIn::kCached);
+    if (std::string_view(v) == "streaming") forced_ = static_cast<int>(CopyIn::kStreaming);
+  }
+}
+
+size_t CopyInChooser::size_class(size_t bytes) {
+  return std::min<size_t>(std::bit_width(bytes), 39);
+}
+
+CopyIn CopyInChooser::pick(size_t bytes) {
+  if (forced_ >= 0) return static_cast<CopyIn>(forced_);
+  if (bytes < kMinLearnedBytes) return CopyIn::kCached;
+  SizeClass& c = classes_[size_class(bytes)];
+  const uint64_t k = c.calls++;
+  // Warm-up: alternate, so both ways are measured under the same conditions.
+  if (k < 2 * kWarmSamples) return static_cast<CopyIn>(k % 2);
+  if (k % kDecideEvery == 0) c.best = c.arms[0].median() <= c.arms[1].median() ? CopyIn::kCached : CopyIn::kStreaming;
+  const CopyIn other = c.best == CopyIn::kCached ? CopyIn::kStreaming : CopyIn::kCached;
+  return (k % kExploreEvery) >= kExploreEvery - kExploreFor ? other : c.best;
+}
+
+float CopyInChooser::Arm::median() const {
+  const size_t n = std::min<size_t>(samples, recent_ns.size());
+  if (n == 0) return 0;
+  std::array<float, 16> v = recent_ns;
+  std::nth_element(v.begin(), v.begin() + n / 2, v.begin() + n);
+  return v[n / 2];
+}
+
+void CopyInChooser::record(size_t bytes, CopyIn how, double call_ns) {
+  if (forced_ >= 0 || bytes < kMinLearnedBytes) return;
+  Arm& a = classes_[size_class(bytes)].arms[static_cast<size_t>(how)];
+  a.recent_ns[a.samples % a.recent_ns.size()] = static_cast<float>(call_ns);
+  ++a.samples;
+}
+
+}  // namespace fastgather::algo

@@ -1,0 +1,49 @@
+// How a member copies its bytes into its own ring, chosen by measurement.
+//
+// Regular stores are fastest when the peers' cores share a cache with ours
+// (96 KB in ~2 us), but when the host places the vCPUs far apart every line a
+// peer read earlier costs a cross-die invalidation (96 KB: 30-50 us measured).
+// Streaming (non-temporal) stores cost the same everywhere (~4 us, then the
+// peers read from memory). No static choice is right on a machine whose
+// placement changes under us, so each group learns: per size class it keeps
+// the last whole-call times under each way, takes the one with the lower
+// median (a preempted call must not flip the choice), and tries the other
+// one now and then. The writer alone decides; readers do not care.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace fastgather::algo {
+
+enum class CopyIn : uint8_t { kCached = 0, kStreaming = 1 };
+
+void copy_into_ring(CopyIn how, std::byte* dst, const std::byte* src, size_t len);
+
+class CopyInChooser {
+ public:
+  // FG_COPY_IN=cached|streaming forces one way (benchmarks); default: learn.
+  CopyInChooser();
+  CopyIn pick(size_t bytes);
+  void record(size_t bytes, CopyIn how, double call_ns);
+
+  static constexpr size_t kMinLearnedBytes = 16 * 1024;  // below: lines are few, cached wins
+
+ private:
+  struct Arm {
+    std::array<float, 16> recent_ns{};  // a ring of the latest samples
+    uint32_t samples = 0;
+    float median() const;
+  };
+  struct SizeClass {
+    std::array<Arm, 2> arms;
+    uint64_t calls = 0;
+    CopyIn best = CopyIn::kCached;
+  };
+  static size_t size_class(size_t bytes);
+  std::array<SizeClass, 40> classes_{};
+  int forced_ = -1;
+};
+
+}  // namespace fastgather::algo
