@@ -125,7 +125,8 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
 
   if (call.schedule == Schedule::kRingPass && n > 2 && call.stored_block != nullptr) {
     // n-1 rounds; in round r this member forwards block (me - r) to me+1 and
-    // receives block (me - r - 1) from me-1. Every chunk is one lockstep step.
+    // receives block (me - r - 1) from me-1. Every chunk is one lockstep step
+    // (0 bytes: a single step in the first round, to compare headers).
     const int prev = (me + n - 1) % n;
     bool first = true;
     for (int round = 0; round < n - 1; ++round) {
@@ -145,7 +146,6 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
         if (!mismatch.empty()) return failed();
         first = false;
         off += len;
-        if (len == 0) break;
       }
     }
     learn();
