@@ -1,5 +1,7 @@
 #include "fastgather/tensor.hpp"
 
+#include <sys/mman.h>
+
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -73,8 +75,14 @@ Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   size_t bytes = (t.view().nbytes() + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
+  // Large tensors on 2 MiB boundaries, offered to transparent huge pages (as
+  // PyTorch's CPU allocator does): fewer TLB misses when a collective streams them.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const bool huge = bytes >= kHuge && std::getenv("FG_NO_HUGEPAGES") == nullptr;
+  if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(huge ? kHuge : 64, bytes == 0 ? 64 : bytes);
   if (p == nullptr) throw std::bad_alloc();
+  if (huge) ::madvise(p, bytes, MADV_HUGEPAGE);
   t.data_.reset(static_cast<std::byte*>(p));
   return t;
 }
