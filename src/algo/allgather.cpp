@@ -111,60 +111,56 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
   // How to copy into the ring: whichever has made whole calls faster here.
   const auto started = std::chrono::steady_clock::now();
   const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
-  auto learn = [&] {
-    if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {
-      call.copy_in->record(call.bytes, how, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - started).count());
-    }
-  };
   std::string mismatch;
   auto own = [&] {
     if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
   };
-  auto nothing = [] {};
   auto failed = [&] { return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch)}; };
+
+  // Sends `from` (call.bytes of it) in chunks, one lockstep step each, and
+  // hands what arrives to take(peer, offset, src, len). The call's first step
+  // also compares headers and places this member's own block.
+  bool first = true;
+  auto send_in_steps = [&](const std::byte* from, auto&& take) -> Status {
+    for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
+      const size_t len = std::min(chunk, call.bytes - off);
+      const bool own_now = first;
+      auto posted = [&] {
+        if (own_now) own();
+      };
+      Status s = lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, posted,
+                          [&](int peer, const std::byte* src) { take(peer, off, src, len); });
+      if (!s.ok()) return s;
+      if (!mismatch.empty()) return failed();
+      first = false;
+      off += len;
+    }
+    return Status::Ok();
+  };
 
   if (call.schedule == Schedule::kRingPass && n > 2 && call.stored_block != nullptr) {
     // n-1 rounds; in round r this member forwards block (me - r) to me+1 and
-    // receives block (me - r - 1) from me-1. Every chunk is one lockstep step
-    // (0 bytes: a single step in the first round, to compare headers).
+    // receives block (me - r - 1) from me-1 (0 bytes: a single step in the
+    // first round, to compare headers).
     const int prev = (me + n - 1) % n;
-    bool first = true;
     for (int round = 0; round < n - 1; ++round) {
       const int send = (me - round + n) % n, recv = (me - round - 1 + n) % n;
       const std::byte* from = round == 0 ? call.input : (*call.stored_block)(send);
-      for (size_t off = 0; first || off < call.bytes;) {
-        const size_t len = std::min(chunk, call.bytes - off);
-        const bool own_now = first;
-        auto posted = [&] {
-          if (own_now) own();
-        };
-        Status s = lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, posted,
-                            [&](int peer, const std::byte* src) {
-                              if (peer == prev) sink(recv, off, src, len);
-                            });
-        if (!s.ok()) return s;
-        if (!mismatch.empty()) return failed();
-        first = false;
-        off += len;
-      }
+      Status s = send_in_steps(from, [&](int peer, size_t off, const std::byte* src, size_t len) {
+        if (peer == prev) sink(recv, off, src, len);
+      });
+      if (!s.ok()) return s;
     }
-    learn();
-    return Status::Ok();
-  }
-
-  // One-shot: every member's chunk goes to every peer in the same step.
-  bool first = true;
-  for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
-    const size_t len = std::min(chunk, call.bytes - off);
-    Status s = lockstep(ch, call, mine, protocol, how, call.input + off, len, first, &mismatch,
-                        first ? FunctionRef<void()>(own) : FunctionRef<void()>(nothing),
-                        [&](int peer, const std::byte* src) { sink(peer, off, src, len); });
+  } else {
+    // One-shot: every member's chunk goes to every peer in the same step.
+    Status s = send_in_steps(call.input, [&](int peer, size_t off, const std::byte* src, size_t len) {
+      sink(peer, off, src, len);
+    });
     if (!s.ok()) return s;
-    if (!mismatch.empty()) return failed();
-    first = false;
-    off += len;
   }
-  learn();
+  if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {
+    call.copy_in->record(call.bytes, how, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - started).count());
+  }
   return Status::Ok();
 }
 
