@@ -52,6 +52,8 @@ std::vector<RankResult> run_job(int world, const RankBody& body, const JobOption
       c.master_port = port;
       c.timeout = options.timeout;
       c.token = options.token;
+      c.servers = options.servers;
+      c.server_index = c.server_of(r);
       std::string err;
       try {
         err = body(c);

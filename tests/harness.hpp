@@ -24,6 +24,9 @@ struct JobOptions {
   std::chrono::seconds hang_limit{120};     // whole job
   std::string token;
   int port = 0;  // 0: a free one
+  // Simulated servers: ranks take consecutive blocks (Config::server_of); all
+  // run on this host, so what crosses servers goes over UCX on TCP loopback.
+  int servers = 1;
 };
 
 // body returns "" on success or a description of what went wrong.

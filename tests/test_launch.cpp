@@ -29,7 +29,8 @@ TEST(LaunchPlan, ReadsTheOriginalVariables) {
   auto p = launch_plan_from_env();
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p.value().world_size(), 6);
-  EXPECT_EQ(p.value().ranks_per_server(), 3);
+  EXPECT_EQ(p.value().local_ranks(), 3);
+  EXPECT_EQ(p.value().first_local_rank(), 3);
   Config c = p.value().config_for_rank(4);
   EXPECT_EQ(c.master_addr, "10.0.0.7");
   EXPECT_EQ(c.master_port, 4567);
@@ -38,12 +39,39 @@ TEST(LaunchPlan, ReadsTheOriginalVariables) {
   EXPECT_EQ(c.server_of(3), 1);
 }
 
-TEST(LaunchPlan, RejectsWhatDoesNotDivideOrParse) {
+// SERVER_NUM need not divide TP*DP: servers take consecutive blocks, the
+// first ones one rank more (TP=2 DP=2 on 3 servers: ranks 0-1, 2, 3).
+TEST(LaunchPlan, UnevenServersTakeConsecutiveBlocks) {
+  Env e({{"TP", "2"}, {"DP", "2"}, {"SERVER_NUM", "3"}, {"SERVER_INDEX", "1"}});
+  auto p = launch_plan_from_env();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p.value().first_local_rank(), 2);
+  EXPECT_EQ(p.value().local_ranks(), 1);
+  Config c = p.value().config_for_rank(2);
+  EXPECT_TRUE(c.validate().ok()) << c.validate().to_string();
+  const int expected[] = {0, 0, 1, 2};
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(c.server_of(r), expected[r]) << "rank " << r;
+  EXPECT_EQ(c.ranks_on(0), 2);
+  EXPECT_EQ(c.ranks_on(2), 1);
+  // Every rank lands on exactly one server, for many shapes.
+  for (int world = 1; world <= 13; ++world) {
+    for (int servers = 1; servers <= world; ++servers) {
+      for (int r = 0; r < world; ++r) {
+        const int s = Config::server_of_rank(world, servers, r);
+        ASSERT_GE(r, Config::first_rank_on_server(world, servers, s)) << world << "/" << servers;
+        ASSERT_LT(r, Config::first_rank_on_server(world, servers, s + 1)) << world << "/" << servers;
+      }
+      ASSERT_EQ(Config::first_rank_on_server(world, servers, servers), world);
+    }
+  }
+}
+
+TEST(LaunchPlan, RejectsWhatCannotFillOrParse) {
   {
-    Env e({{"TP", "3"}, {"DP", "2"}, {"SERVER_NUM", "4"}});
+    Env e({{"TP", "1"}, {"DP", "2"}, {"SERVER_NUM", "3"}});
     auto p = launch_plan_from_env();
     ASSERT_FALSE(p.ok());
-    EXPECT_NE(p.status().message().find("do not divide among SERVER_NUM=4"), std::string::npos) << p.status().message();
+    EXPECT_NE(p.status().message().find("cannot fill SERVER_NUM=3"), std::string::npos) << p.status().message();
   }
   {
     Env e({{"SERVER_NUM", "2"}, {"SERVER_INDEX", "2"}});

@@ -23,9 +23,15 @@ struct Config {
   std::chrono::milliseconds timeout{5000};
   std::string token;  // FG_TOKEN: every rank must present the same one to the store
 
-  int ranks_per_server() const { return world_size / servers; }
-  int server_of(int r) const { return r / ranks_per_server(); }
+  // World ranks sit on servers in consecutive blocks; when the world does not
+  // divide evenly, the first world_size % servers servers hold one more.
+  int first_rank_on(int server) const { return first_rank_on_server(world_size, servers, server); }
+  int ranks_on(int server) const { return first_rank_on(server + 1) - first_rank_on(server); }
+  int server_of(int r) const { return server_of_rank(world_size, servers, r); }
   Status validate() const;
+
+  static int first_rank_on_server(int world_size, int servers, int server);
+  static int server_of_rank(int world_size, int servers, int rank);
 };
 
 class Group;

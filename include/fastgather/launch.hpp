@@ -22,9 +22,14 @@ struct LaunchPlan {
   std::string token;
 
   int world_size() const { return tp * dp; }
-  int ranks_per_server() const { return world_size() / servers; }
-  Status validate() const;  // world size must divide among servers, ...
+  // This server's ranks: a consecutive block (see Config::first_rank_on).
+  int first_local_rank() const { return Config::first_rank_on_server(world_size(), servers, server_index); }
+  int local_ranks() const { return first_local_rank_of(server_index + 1) - first_local_rank(); }
+  Status validate() const;  // every server gets at least one rank, ...
   Config config_for_rank(int rank) const;
+
+ private:
+  int first_local_rank_of(int server) const { return Config::first_rank_on_server(world_size(), servers, server); }
 };
 
 // Reads TP, DP, SERVER_NUM, SERVER_INDEX, MASTER_IP, PORT, FG_TIMEOUT_MS and
@@ -33,7 +38,7 @@ Result<LaunchPlan> launch_plan_from_env(LaunchPlan defaults = {});
 
 // Runs body(config) once per rank of this server. If this process already is
 // a rank (FG_RANK set by a spawner, or an MPI launcher's rank variables), it
-// runs body for that rank only. Otherwise it forks ranks_per_server()
+// runs body for that rank only. Otherwise it forks local_ranks()
 // processes, waits for all of them, removes any shared memory the job left,
 // and returns 0 only if every rank returned 0.
 int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config&)>& body);

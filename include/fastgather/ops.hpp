@@ -12,11 +12,23 @@
 namespace fastgather {
 
 enum class AllGatherAlgorithm {
-  kAuto,  // by size: inline in the synchronisation line (<= 32 B), else one-shot
-  kRing,  // the classic ring: n-1 steps, each forwarding one block; for comparison
+  kAuto,  // by size: inline in the synchronisation line (<= 32 B), else one-shot;
+          // across servers, direct for small messages and hierarchical for large
+  kRing,  // the classic ring: n-1 steps, each forwarding one block; one server only
+  // Across servers (within one server both mean the one-shot):
+  kDirect,        // every member sends its block to every member on other servers
+  kHierarchical,  // gather within servers, leaders exchange, relay within servers
 };
+// Where one call's time went, on this rank.
+struct CallStats {
+  const char* schedule = "";  // "one-shot", "ring", "direct", "hierarchical"
+  double intra_ns = 0;        // the phase among members on this server (shared memory)
+  double inter_ns = 0;        // the rest: waiting for other servers' bytes and relaying them
+};
+
 struct AllGatherOptions {
   AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;  // every member must pass the same
+  CallStats* stats = nullptr;                                 // filled when set
 };
 
 // out holds group.size() inputs back to back, in group-rank order.
@@ -30,6 +42,8 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
 struct AllGatherMatmulOptions {
   bool gather_output = true;  // fill gather_out = allgather(x1)
   int gemm_threads = 1;       // OpenBLAS threads for this call
+  AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;  // kRing is not offered here
+  CallStats* stats = nullptr;
 };
 
 // npu_all_gather_base_mm: x1 (m, k) on each rank, x2 (k, n), bias (n) or none.
@@ -44,7 +58,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
 // even), vectorised where the CPU allows; the one the fused op uses.
 Status convert(const TensorView& src, const TensorView& dst);
 
-// A group barrier through the same shared-memory channel.
+// A group barrier through the same channels as the collectives.
 Status barrier(Group& group);
 
 }  // namespace fastgather

@@ -16,14 +16,19 @@ constexpr ProtocolRule kRules[] = {
     {SIZE_MAX, Protocol::kCopyInOut, "copy-in/copy-out"},
 };
 
+}  // namespace
+
 std::string describe(const GatherCall& call, const transport::PostHeader& h) {
   auto dt = static_cast<DType>(h.dtype);
+  const auto sched = static_cast<Schedule>(h.algo);
   std::string s = fmt::format("{}{} {} bytes of {}", op_name(static_cast<OpCode>(h.op)),
-                              h.algo == static_cast<uint8_t>(Schedule::kRingPass) ? "(ring)" : "", h.bytes,
+                              sched == Schedule::kOneShot ? "" : fmt::format("({})", schedule_name(sched)), h.bytes,
                               h.bytes == 0 && h.dtype == 0 ? "-" : dtype_name(dt));
   if (call.op == OpCode::kAllGatherMatmul) s += fmt::format(" with {}={}", call.aux_name, h.aux);
   return s;
 }
+
+namespace {
 
 // Compares a peer's header with ours; on a mismatch appends a sentence.
 void compare(const transport::ShmChannel& ch, const GatherCall& call, const transport::PostHeader& mine,
@@ -45,7 +50,22 @@ const char* op_name(OpCode op) {
   return "unknown-op";
 }
 
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kOneShot: return "one-shot";
+    case Schedule::kRingPass: return "ring";
+    case Schedule::kDirect: return "direct";
+    case Schedule::kHierarchical: return "hierarchical";
+  }
+  return "unknown-schedule";
+}
+
 std::span<const ProtocolRule> protocol_table() { return kRules; }
+
+transport::PostHeader header_of(const GatherCall& call) {
+  return {call.bytes, call.aux, static_cast<uint8_t>(call.op), static_cast<uint8_t>(call.schedule),
+          static_cast<uint16_t>(call.dtype), 0};
+}
 
 const ProtocolRule& choose_protocol(size_t bytes) {
   for (const auto& r : kRules) {
@@ -100,8 +120,7 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
   if (!ch.broken().ok()) return ch.broken();
   const int n = ch.members();
   const int me = ch.me();
-  const transport::PostHeader mine{call.bytes, call.aux, static_cast<uint8_t>(call.op),
-                                   static_cast<uint8_t>(call.schedule), static_cast<uint16_t>(call.dtype), 0};
+  const transport::PostHeader mine = header_of(call);
   const Protocol protocol = choose_protocol(call.bytes).protocol;
   const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
   if (protocol == Protocol::kCopyInOut && chunk == 0) {
@@ -138,14 +157,14 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
     return Status::Ok();
   };
 
-  if (call.schedule == Schedule::kRingPass && n > 2 && call.stored_block != nullptr) {
+  if (call.schedule == Schedule::kRingPass && n > 2 && call.landing != nullptr) {
     // n-1 rounds; in round r this member forwards block (me - r) to me+1 and
     // receives block (me - r - 1) from me-1 (0 bytes: a single step in the
     // first round, to compare headers).
     const int prev = (me + n - 1) % n;
     for (int round = 0; round < n - 1; ++round) {
       const int send = (me - round + n) % n, recv = (me - round - 1 + n) % n;
-      const std::byte* from = round == 0 ? call.input : (*call.stored_block)(send);
+      const std::byte* from = round == 0 ? call.input : (*call.landing)(send);
       Status s = send_in_steps(from, [&](int peer, size_t off, const std::byte* src, size_t len) {
         if (peer == prev) sink(recv, off, src, len);
       });

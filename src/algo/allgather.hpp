@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "algo/copy_in.hpp"
 #include "algo/function_ref.hpp"
@@ -26,7 +27,19 @@ enum class Protocol {
 // The schedule. kOneShot is the protocol table's choice; kRingPass is the
 // classic ring (n-1 steps, each member forwards the block it received last),
 // kept as the multi-step comparator: more copies and a synchronisation per step.
-enum class Schedule : uint8_t { kOneShot = 0, kRingPass = 1 };
+// Across servers (allgather_net.hpp): kDirect sends every block to every
+// member on another server; kHierarchical gathers within each server, lets
+// one leader per server exchange the server's blocks, and relays what the
+// leader received through shared memory.
+enum class Schedule : uint8_t { kOneShot = 0, kRingPass = 1, kDirect = 2, kHierarchical = 3 };
+const char* schedule_name(Schedule s);
+
+// Where the time of a call went, for the benchmark's shares.
+struct GatherStats {
+  Schedule schedule = Schedule::kOneShot;
+  double intra_ns = 0;  // the server-local (shared-memory) phase
+  double inter_ns = 0;  // after it: waiting for other servers' bytes, relaying them
+};
 
 struct ProtocolRule {
   size_t max_bytes;  // per member, inclusive
@@ -46,9 +59,12 @@ struct GatherCall {
   size_t bytes = 0;             // per member
   size_t align = 1;             // every piece is a multiple of this (a row)
   Schedule schedule = Schedule::kOneShot;
-  // kRingPass only: where member m's block, already handed to the sink, can
-  // be read back to be forwarded.
-  FunctionRef<const std::byte*(int member)>* stored_block = nullptr;
+  // Where member m's block ends up (the sink puts it there). The ring reads
+  // forwarded blocks back from it; across servers, receives land in it
+  // directly and the sink is then called with src == landing. Null: the op
+  // keeps no copy (allowed within one server only).
+  FunctionRef<std::byte*(int member)>* landing = nullptr;
+  GatherStats* stats = nullptr;  // filled when not null
   // Learns how to copy into the ring on this machine (null: regular stores).
   CopyInChooser* copy_in = nullptr;
 };
@@ -59,6 +75,10 @@ struct GatherCall {
 using PieceSink = FunctionRef<void(int member, size_t offset, const std::byte* src, size_t len)>;
 
 Status gather(transport::ShmChannel& channel, const GatherCall& call, PieceSink sink);
+
+// The header every member posts for this call, and its words for errors.
+transport::PostHeader header_of(const GatherCall& call);
+std::string describe(const GatherCall& call, const transport::PostHeader& h);
 
 // Largest piece the ring protocol hands to the sink for this alignment (0: a
 // row does not fit one step).

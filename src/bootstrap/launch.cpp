@@ -83,9 +83,9 @@ void bind_to_cpu(int local_index) {
 Status LaunchPlan::validate() const {
   if (tp < 1 || dp < 1) return {ErrorKind::kInvalidArgument, fmt::format("TP={} and DP={} must be at least 1", tp, dp)};
   if (servers < 1) return {ErrorKind::kInvalidArgument, fmt::format("SERVER_NUM={} must be at least 1", servers)};
-  if (world_size() % servers != 0) {
+  if (world_size() < servers) {
     return {ErrorKind::kInvalidArgument,
-            fmt::format("TP*DP = {}*{} = {} ranks do not divide among SERVER_NUM={} servers", tp, dp, world_size(), servers)};
+            fmt::format("TP*DP = {}*{} = {} ranks cannot fill SERVER_NUM={} servers", tp, dp, world_size(), servers)};
   }
   if (server_index < 0 || server_index >= servers) {
     return {ErrorKind::kInvalidArgument, fmt::format("SERVER_INDEX={} is outside 0..{}", server_index, servers - 1)};
@@ -130,7 +130,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
       std::fprintf(stderr, "fastgather: the launcher started %d ranks but TP*DP = %d\n", size, p.world_size());
       return 2;
     }
-    p.server_index = rank / p.ranks_per_server();
+    p.server_index = Config::server_of_rank(p.world_size(), p.servers, rank);
     return body(p.config_for_rank(rank));
   }
 
@@ -138,12 +138,13 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   // whatever the ranks leave behind (a SIGKILL at the wrong moment) is removed here.
   std::random_device rd;
   const std::string job = fmt::format("{:08x}{:08x}", rd(), rd());
-  const int local = plan.ranks_per_server();
+  const int local = plan.local_ranks();
+  const int first = plan.first_local_rank();
   const bool bind = should_bind(local);
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int i = 0; i < local; ++i) {
-    const int r = plan.server_index * local + i;
+    const int r = first + i;
     pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("fastgather: fork");
@@ -174,7 +175,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
         for (size_t i = 0; i < pids.size(); ++i) {
           if (pids[i] > 0) {
             std::fprintf(stderr, "fastgather: rank %d did not exit after a peer failed; killing it\n",
-                         plan.server_index * local + static_cast<int>(i));
+                         first + static_cast<int>(i));
             ::kill(pids[i], SIGKILL);
           }
         }
@@ -188,7 +189,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
       if (pids[i] != pid) continue;
       pids[i] = -1;
       --alive;
-      const int r = plan.server_index * local + static_cast<int>(i);
+      const int r = first + static_cast<int>(i);
       bool bad = false;
       if (WIFSIGNALED(status)) {
         std::fprintf(stderr, "fastgather: rank %d was killed by signal %d\n", r, WTERMSIG(status));

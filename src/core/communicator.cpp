@@ -3,15 +3,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "bootstrap/tcp_store.hpp"
 #include "core/group_impl.hpp"
+#include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
 #include "transport/shm_segment.hpp"
 
@@ -45,22 +48,34 @@ Status Config::validate() const {
   if (rank < 0 || rank >= world_size) {
     return {ErrorKind::kInvalidArgument, fmt::format("rank {} is outside world size {}", rank, world_size)};
   }
-  if (servers < 1 || world_size % servers != 0) {
+  if (servers < 1 || world_size < servers) {
     return {ErrorKind::kInvalidArgument,
-            fmt::format("world size {} does not divide among {} servers", world_size, servers)};
+            fmt::format("world size {} cannot fill {} servers (every server needs a rank)", world_size, servers)};
   }
   if (server_index < 0 || server_index >= servers) {
     return {ErrorKind::kInvalidArgument, fmt::format("server index {} is outside 0..{}", server_index, servers - 1)};
   }
   if (server_of(rank) != server_index) {
     return {ErrorKind::kInvalidArgument,
-            fmt::format("rank {} belongs to server {} ({} ranks per server), not server {}", rank,
-                        server_of(rank), ranks_per_server(), server_index)};
+            fmt::format("rank {} belongs to server {} (ranks {}..{}), not server {}", rank, server_of(rank),
+                        first_rank_on(server_of(rank)), first_rank_on(server_of(rank) + 1) - 1, server_index)};
   }
   if (master_port < 0 || master_port > 65535) {
     return {ErrorKind::kInvalidArgument, fmt::format("port {} is not a TCP port", master_port)};
   }
   return Status::Ok();
+}
+
+int Config::first_rank_on_server(int world, int servers, int server) {
+  const int q = world / servers, rem = world % servers;
+  return server * q + std::min(server, rem);
+}
+
+int Config::server_of_rank(int world, int servers, int r) {
+  const int q = world / servers, rem = world % servers;
+  if (q == 0) return r;  // more servers than ranks: refused by validate()
+  const int big = rem * (q + 1);  // ranks on the servers that hold q+1
+  return r < big ? r / (q + 1) : rem + (r - big) / q;
 }
 
 // ------------------------------------------------------------------ Group
@@ -79,6 +94,8 @@ struct Communicator::Impl {
   std::unique_ptr<bootstrap::TcpStoreServer> server;  // world rank 0 only
   std::unique_ptr<bootstrap::TcpStoreClient> store;
   std::string job_id;
+  std::unique_ptr<transport::UcxWorker> ucx;  // several servers only; outlives the groups
+  bool loopback = false;                       // all servers on this one host (simulated)
   std::vector<std::unique_ptr<Group>> groups;  // groups[0]: world
   std::map<std::vector<int>, int> created;     // how often each member list was built
   int serial = 0;
@@ -88,11 +105,82 @@ struct Communicator::Impl {
     return Clock::now() + t;
   }
   Result<Group*> build_group(std::vector<int> ranks);
+  Status start_network(Clock::time_point deadline);
+  void close_network();
 };
+
+// Flushing closes of every group's endpoints, then a fence that keeps the
+// worker progressing until every rank has closed: a rank that left early
+// would otherwise strand a peer's last flush. After a failure nothing is
+// waited for: the group's endpoints were force-closed already.
+void Communicator::Impl::close_network() {
+  bool healthy = true;
+  for (auto& g : groups) {
+    if (auto* net = g->impl()->net.get()) {
+      healthy &= net->broken().ok();
+      net->begin_close();
+    }
+  }
+  const auto until = deadline();
+  auto all_closed = [&] {
+    for (auto& g : groups) {
+      if (auto* net = g->impl()->net.get(); net != nullptr && !net->closed()) return false;
+    }
+    return true;
+  };
+  while (!all_closed() && Clock::now() < until) ucx->progress();
+  if (!healthy) return;
+  if (!store->add("ucx/closed", 1).ok()) return;
+  while (Clock::now() < until) {
+    auto done = store->add("ucx/closed", 0);
+    if (!done.ok() || done.value() >= config.world_size) return;
+    for (int i = 0; i < 50; ++i) {
+      ucx->progress();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+namespace {
+
+// What tells two hosts apart: the host name and the kernel's boot id.
+std::string host_identity() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  std::string id = name;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char boot[64] = {};
+    if (std::fgets(boot, sizeof(boot), f) != nullptr) id += fmt::format("/{}", boot);
+    std::fclose(f);
+  }
+  return id;
+}
+
+}  // namespace
+
+// Several servers: a UCX worker per rank, its address in the store. When
+// another server turns out to be this very host (servers simulated on one
+// machine), UCX is kept to TCP on loopback so that nothing between servers
+// goes through shared memory.
+Status Communicator::Impl::start_network(Clock::time_point dl) {
+  const std::string host = host_identity();
+  if (Status s = store->set(fmt::format("host/{}", config.rank), host); !s.ok()) return s;
+  for (int srv = 0; srv < config.servers; ++srv) {
+    if (srv == config.server_index) continue;
+    auto other = store->get(fmt::format("host/{}", config.first_rank_on(srv)), dl);
+    if (!other.ok()) return other.status();
+    if (other.value() == host) loopback = true;
+  }
+  auto worker = transport::UcxWorker::create({.loopback = loopback});
+  if (!worker.ok()) return worker.status();
+  ucx = std::move(worker).value();
+  return store->set(fmt::format("ucx/{}", config.rank), ucx->address());
+}
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Communicator::~Communicator() {
+  if (impl_->ucx) impl_->close_network();
   impl_->groups.clear();
   impl_->store.reset();  // says BYE
   if (impl_->server) impl_->server->drain(impl_->deadline());
@@ -130,6 +218,12 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config)
     auto job = impl->store->get("job_id", deadline);
     if (!job.ok()) return Status{job.status().kind(), fmt::format("rank {}: {}", config.rank, job.status().message())};
     impl->job_id = job.value();
+  }
+
+  if (config.servers > 1) {
+    if (Status s = impl->start_network(deadline); !s.ok()) {
+      return Status{s.kind(), fmt::format("rank {}: starting the inter-server transport: {}", config.rank, s.message())};
+    }
   }
 
   std::vector<int> all(static_cast<size_t>(config.world_size));
@@ -170,36 +264,42 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   }
   auto pos = std::find(ranks.begin(), ranks.end(), me_world);
   if (pos == ranks.end()) return invalid(fmt::format("rank {} is not a member", me_world));
-  for (int r : ranks) {
-    if (config.server_of(r) != config.server_index) {
-      return Status{ErrorKind::kUnsupported,
-                    fmt::format("rank {}: {} spans servers (rank {} is on server {}); groups across servers need "
-                                "the inter-node transport, which this build does not have yet",
-                                me_world, label, r, config.server_of(r))};
-    }
-  }
 
   const int n = static_cast<int>(ranks.size());
   const int me = static_cast<int>(pos - ranks.begin());
   const std::string key = fmt::format("g/{}/{}", fmt::join(ranks, ","), created[ranks]++);
-  const size_t ring = ring_bytes_from_env();
-  const size_t bytes = transport::ShmChannel::segment_bytes(n, ring);
   const auto dl = deadline();
   auto where = [&](const Status& s) {
     return Status{s.kind(), fmt::format("rank {}: creating {}: {}", me_world, label, s.message())};
   };
 
+  // The members on this server share memory; the others are reached over UCX.
+  std::vector<int> local, server_of_member;
+  for (int r : ranks) {
+    server_of_member.push_back(config.server_of(r));
+    if (server_of_member.back() == config.server_index) local.push_back(r);
+  }
+  const bool spans = local.size() != ranks.size();
+  if (spans && ucx == nullptr) {
+    return where({ErrorKind::kUnsupported, "it spans servers, and this communicator has no UCX worker"});
+  }
+  const int local_me = static_cast<int>(std::find(local.begin(), local.end(), me_world) - local.begin());
+  const std::string local_key = spans ? fmt::format("{}/s{}", key, config.server_index) : key;
+  const int local_n = static_cast<int>(local.size());
+  const size_t ring = ring_bytes_from_env();
+  const size_t bytes = transport::ShmChannel::segment_bytes(local_n, ring);
+
   Result<transport::ShmSegment> seg = Status{ErrorKind::kSystem, "unset"};
-  if (me == 0) {
+  if (local_me == 0) {
     std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
     seg = transport::ShmSegment::create(name, bytes);
     if (!seg.ok()) return where(seg.status());
-    transport::ShmChannel::format(seg.value().data(), n, ring);
-    if (Status s = store->set(key + "/name", name); !s.ok()) return where(s);
+    transport::ShmChannel::format(seg.value().data(), local_n, ring);
+    if (Status s = store->set(local_key + "/name", name); !s.ok()) return where(s);
   } else {
-    auto name = store->get(key + "/name", dl);
+    auto name = store->get(local_key + "/name", dl);
     if (!name.ok()) {
-      return where({name.status().kind(), fmt::format("rank {} never created the group's segment ({})", ranks[0],
+      return where({name.status().kind(), fmt::format("rank {} never created the group's segment ({})", local[0],
                                                       name.status().message())});
     }
     seg = transport::ShmSegment::open(name.value(), bytes);
@@ -210,15 +310,54 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->ranks = ranks;
   impl->me = me;
   impl->label = label;
-  impl->channel = std::make_unique<transport::ShmChannel>(
-      std::move(seg).value(), ranks, me, ring, transport::WaitPolicy::for_members(n, config.timeout), label);
+  impl->topo = algo::Topology::of(server_of_member, me);
+  // Waiting policy by how many processes compete for this host's cores.
+  const int on_host = loopback ? config.world_size : config.ranks_on(config.server_index);
+  const auto policy = transport::WaitPolicy::for_members(spans ? std::max(on_host, local_n) : local_n, config.timeout);
+  impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, policy, label);
   if (Status s = impl->channel->check_format(); !s.ok()) return where(s);
   impl->channel->publish_pid();
-  if (Status s = store->barrier(key + "/attached", n, dl); !s.ok()) return where(s);
+  if (Status s = store->barrier(local_key + "/attached", local_n, dl); !s.ok()) return where(s);
   // Every member has mapped the segment: its name is no longer needed, and a
   // crash from here on leaves nothing in /dev/shm.
   impl->channel->unlink_name();
   if (Status s = impl->channel->watch_members(); !s.ok()) return where(s);
+
+  if (spans) {
+    // A group id for the tags of its messages, and an endpoint to every
+    // member on another server (direct sends reach them all).
+    std::string id;
+    if (me == 0) {
+      auto next = store->add("net_group_ids", 1);
+      if (!next.ok()) return where(next.status());
+      id = std::to_string(next.value() & 0xffff);
+      if (Status s = store->set(key + "/id", id); !s.ok()) return where(s);
+    } else {
+      auto got = store->get(key + "/id", dl);
+      if (!got.ok()) return where(got.status());
+      id = got.value();
+    }
+    std::vector<std::string> addresses(ranks.size());
+    for (int m = 0; m < n; ++m) {
+      if (server_of_member[m] == config.server_index) continue;
+      auto addr = store->get(fmt::format("ucx/{}", ranks[m]), dl);
+      if (!addr.ok()) return where(addr.status());
+      addresses[m] = std::move(addr).value();
+    }
+    auto net = transport::NetChannel::connect(*ucx, static_cast<uint16_t>(std::stoi(id)), ranks, me, addresses, policy,
+                                              label);
+    if (!net.ok()) return where(net.status());
+    impl->net = std::move(net).value();
+    // A barrier across the group: connections are made now, and a member
+    // that cannot be reached fails the creation rather than the first call.
+    algo::GatherCall hello;
+    hello.op = algo::OpCode::kBarrier;
+    if (Status s = algo::gather_across(*impl->channel, *impl->net, impl->topo, hello,
+                                       [](int, size_t, const std::byte*, size_t) {});
+        !s.ok()) {
+      return where(s);
+    }
+  }
 
   groups.push_back(std::make_unique<Group>(std::move(impl)));
   return groups.back().get();

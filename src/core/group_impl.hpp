@@ -1,13 +1,18 @@
-// What a Group holds: its members and its shared-memory channel. Shared by
+// What a Group holds: its members, the shared-memory channel among those on
+// this server and, for a group that spans servers, its UCX channel. Shared by
 // the core (which builds groups) and the ops (which run collectives on them).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "algo/allgather_net.hpp"
 #include "algo/copy_in.hpp"
 #include "fastgather/communicator.hpp"
+#include "fastgather/ops.hpp"
+#include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
 
 namespace fastgather {
@@ -16,8 +21,13 @@ struct Group::Impl {
   std::vector<int> ranks;
   int me = -1;
   std::string label;  // "group [0,2]"
+  // Among the members on this server (all of them, unless net is set).
   std::unique_ptr<transport::ShmChannel> channel;
-  std::vector<float> scratch;  // fused op: converted rows, fp32 accumulators
+  // Across servers: null when every member is on this server.
+  std::unique_ptr<transport::NetChannel> net;
+  algo::Topology topo;
+  std::vector<float> scratch;     // fused op: converted rows, fp32 accumulators
+  std::vector<std::byte> landed;  // fused op across servers without gather_out: where blocks land
   // What this machine has shown to be faster, per size; one per op, since the
   // fused op's call time includes its GEMM.
   algo::CopyInChooser copy_in;
@@ -25,5 +35,25 @@ struct Group::Impl {
 };
 
 inline transport::ShmChannel& channel_of(Group& g) { return *g.impl()->channel; }
+inline bool spans_servers(const Group& g) { return g.impl()->net != nullptr; }
+
+// Runs an all-gather schedule on the group: within one server, or across.
+// stats, when set, says where the time went.
+inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
+  Group::Impl& i = *g.impl();
+  algo::GatherStats st;
+  call.stats = stats != nullptr ? &st : nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s;
+  if (i.net == nullptr) {
+    s = algo::gather(*i.channel, call, sink);
+    st.schedule = call.schedule == algo::Schedule::kRingPass ? call.schedule : algo::Schedule::kOneShot;
+    st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    s = algo::gather_across(*i.channel, *i.net, i.topo, call, sink);
+  }
+  if (stats != nullptr) *stats = {algo::schedule_name(st.schedule), st.intra_ns, st.inter_ns};
+  return s;
+}
 
 }  // namespace fastgather

@@ -121,6 +121,25 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   call.bytes = m * row_bytes;
   call.align = row_bytes == 0 ? 1 : row_bytes;
   call.copy_in = &group.impl()->copy_in_fused;
+  if (options.algorithm == AllGatherAlgorithm::kRing) {
+    return ops::invalid(group, kOp, "the ring schedule is offered for all_gather only");
+  }
+  call.schedule = options.algorithm == AllGatherAlgorithm::kDirect         ? algo::Schedule::kDirect
+                  : options.algorithm == AllGatherAlgorithm::kHierarchical ? algo::Schedule::kHierarchical
+                                                                           : algo::Schedule::kOneShot;
+  // Across servers, blocks from other servers are received into memory
+  // before they are multiplied: gather_out when asked for, else a buffer
+  // the group keeps.
+  const bool keep = options.gather_output || spans_servers(group);
+  std::byte* kept = gather_bytes;
+  if (!options.gather_output && spans_servers(group)) {
+    auto& landed = group.impl()->landed;
+    if (landed.size() < call.bytes * static_cast<size_t>(group.size())) landed.resize(call.bytes * group.size());
+    kept = landed.data();
+  }
+  auto landing = [&](int member) -> std::byte* { return kept + static_cast<size_t>(member) * call.bytes; };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  if (keep) call.landing = &landing_ref;
 
   // Multiplies rows [row0, row0+rows) of allgather(x1), readable at src.
   auto multiply = [&](size_t row0, size_t rows, const std::byte* src) {
@@ -143,11 +162,11 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
     if (!is_f32) ops::from_float(dt, c_buf, out_bytes + row0 * n * elt, rows * n);
   };
 
-  Status st = algo::gather(ch, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  Status st = run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     const size_t first_row = static_cast<size_t>(member) * m + off / row_bytes;
-    if (options.gather_output) {
-      std::byte* dst = gather_bytes + first_row * row_bytes;
-      std::memcpy(dst, src, len);
+    if (keep) {
+      std::byte* dst = kept + first_row * row_bytes;
+      if (dst != src) std::memcpy(dst, src, len);
       src = dst;  // now hot in this core's cache
     }
     // This rank's own rows come as one piece; bound the fp32 scratch by slicing.
@@ -155,7 +174,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
     for (size_t r = 0; r < rows; r += block_rows) {
       multiply(first_row + r, std::min(block_rows, rows - r), src + r * row_bytes);
     }
-  });
+  }, options.stats);
   if (st.ok() && k == 0) {
     // No bytes moved, but the output is still bias (or zero) broadcast over m*size rows.
     for (size_t r = 0; r < m * static_cast<size_t>(group.size()); r += block_rows) {

@@ -9,13 +9,23 @@ namespace fastgather {
 
 namespace {
 
+algo::Schedule schedule_for(AllGatherAlgorithm a) {
+  switch (a) {
+    case AllGatherAlgorithm::kRing: return algo::Schedule::kRingPass;
+    case AllGatherAlgorithm::kDirect: return algo::Schedule::kDirect;
+    case AllGatherAlgorithm::kHierarchical: return algo::Schedule::kHierarchical;
+    case AllGatherAlgorithm::kAuto: break;
+  }
+  return algo::Schedule::kOneShot;
+}
+
 algo::GatherCall gather_call(const TensorView& input, const AllGatherOptions& options) {
   algo::GatherCall call;
   call.op = algo::OpCode::kAllGather;
   call.dtype = static_cast<uint32_t>(input.dtype);
   call.input = static_cast<const std::byte*>(input.data);
   call.bytes = input.nbytes();
-  call.schedule = options.algorithm == AllGatherAlgorithm::kRing ? algo::Schedule::kRingPass : algo::Schedule::kOneShot;
+  call.schedule = schedule_for(options.algorithm);
   return call;
 }
 
@@ -40,15 +50,15 @@ Status all_gather(Group& group, const TensorView& input, const TensorView& outpu
   if (input.data != own_slot && ops::overlaps(input.data, bytes, out, bytes * n)) {
     return ops::invalid(group, kOp, "input overlaps output other than as this rank's own block");
   }
-  auto stored = [&](int member) -> const std::byte* { return out + static_cast<size_t>(member) * bytes; };
-  algo::FunctionRef<const std::byte*(int)> stored_ref(stored);
+  auto landing = [&](int member) -> std::byte* { return out + static_cast<size_t>(member) * bytes; };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   algo::GatherCall call = gather_call(input, options);
-  call.stored_block = &stored_ref;
+  call.landing = &landing_ref;
   call.copy_in = &group.impl()->copy_in;
-  return algo::gather(channel_of(group), call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  return run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) std::memcpy(dst, src, len);
-  });
+  }, options.stats);
 }
 
 Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
@@ -71,23 +81,21 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
       return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
     }
   }
-  auto stored = [&](int member) -> const std::byte* {
-    return static_cast<const std::byte*>(outputs[static_cast<size_t>(member)].data);
-  };
-  algo::FunctionRef<const std::byte*(int)> stored_ref(stored);
+  auto landing = [&](int member) -> std::byte* { return static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data); };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   algo::GatherCall call = gather_call(input, options);
-  call.stored_block = &stored_ref;
+  call.landing = &landing_ref;
   call.copy_in = &group.impl()->copy_in;
-  return algo::gather(channel_of(group), call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  return run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) std::memcpy(dst, src, len);
-  });
+  }, options.stats);
 }
 
 Status barrier(Group& group) {
   algo::GatherCall call;
   call.op = algo::OpCode::kBarrier;
-  return algo::gather(channel_of(group), call, [](int, size_t, const std::byte*, size_t) {});
+  return run_gather(group, call, [](int, size_t, const std::byte*, size_t) {});
 }
 
 }  // namespace fastgather

@@ -1,0 +1,305 @@
+#include "algo/allgather_net.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace fastgather::algo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using transport::NetChannel;
+using transport::NetIov;
+using transport::PostHeader;
+using transport::ShmChannel;
+
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::strtoull(v, nullptr, 10);
+}
+
+double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
+
+// One expected message: member `owner`'s piece `piece`, with the header the
+// sender put in front of it.
+struct Expected {
+  int owner;
+  uint32_t piece;
+  PostHeader header;
+};
+
+// The pieces of one member's block.
+struct Pieces {
+  size_t bytes, piece;
+  uint32_t count() const { return bytes == 0 ? 1 : static_cast<uint32_t>((bytes + piece - 1) / piece); }
+  size_t offset(uint32_t p) const { return static_cast<size_t>(p) * piece; }
+  size_t length(uint32_t p) const { return std::min(piece, bytes - offset(p)); }
+};
+
+class Across {
+ public:
+  Across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, PieceSink sink)
+      : local_(local), net_(net), topo_(topo), call_(call), sink_(sink),
+        pieces_{call.bytes, net_piece_bytes(call.bytes, call.align)}, mine_(header_of(call)) {}
+
+  Status run(Schedule schedule) {
+    const uint32_t callno = net_.next_call();
+    const auto t0 = Clock::now();
+    Status s = schedule == Schedule::kDirect ? direct(callno, &t0) : hierarchical(callno, &t0);
+    if (!s.ok()) {
+      // Leave nobody on this server waiting for a step that will not come,
+      // and drop what is in flight.
+      net_.fail(s);
+      local_.abort(s);
+    }
+    return s;
+  }
+
+  double intra_ns = 0;
+
+ private:
+  std::byte* landing(int member, size_t off) const {
+    return call_.bytes == 0 ? nullptr : (*call_.landing)(member) + off;
+  }
+  int me() const { return net_.me(); }
+
+  // The server-local phase: the one-shot gather over shared memory, with
+  // member indices translated to the group's. keep: also leave each block in
+  // its landing place (a leader sends them on from there).
+  Status local_phase(bool keep) {
+    const int base = topo_.first[topo_.mine];
+    GatherCall c = call_;
+    c.landing = nullptr;
+    c.stats = nullptr;
+    auto translate = [&](int m, size_t off, const std::byte* src, size_t len) {
+      const int member = base + m;
+      if (keep) {
+        std::byte* dst = landing(member, off);
+        if (dst != src) std::memcpy(dst, src, len);
+        src = dst;
+      }
+      sink_(member, off, src, len);
+    };
+    return gather(local_, c, translate);
+  }
+
+  // Receives of every piece of every member in [first, last) from `from(member)`.
+  template <class From>
+  Status post_receives(uint32_t callno, int first, int last, From from) {
+    for (int m = first; m < last; ++m) {
+      if (topo_.local(m)) continue;
+      for (uint32_t p = 0; p < pieces_.count(); ++p) {
+        expected_.push_back({m, p, {}});
+      }
+    }
+    // Addresses of headers are taken only once the vector stops growing.
+    for (size_t t = 0; t < expected_.size(); ++t) {
+      Expected& e = expected_[t];
+      NetIov iov[2] = {{&e.header, sizeof(PostHeader)}, {landing(e.owner, pieces_.offset(e.piece)), pieces_.length(e.piece)}};
+      if (Status s = net_.recv(from(e.owner), e.owner, callno, e.piece, std::span(iov, call_.bytes == 0 ? 1 : 2),
+                               static_cast<int>(t));
+          !s.ok()) {
+        return s;
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Sends every piece of `owner`'s block, read from src, to member `to`.
+  Status send_block(uint32_t callno, int to, int owner, const std::byte* src) {
+    for (uint32_t p = 0; p < pieces_.count(); ++p) {
+      NetIov iov[2] = {{const_cast<PostHeader*>(&mine_), sizeof(PostHeader)},
+                       {const_cast<std::byte*>(src) + pieces_.offset(p), pieces_.length(p)}};
+      if (Status s = net_.send(to, owner, callno, p, std::span(iov, call_.bytes == 0 ? 1 : 2)); !s.ok()) return s;
+    }
+    return Status::Ok();
+  }
+
+  // Waits for the next received piece and checks it is the call we expect.
+  Result<const Expected*> next_piece() {
+    auto c = net_.wait_any();
+    if (!c.ok()) return c.status();
+    const Expected& e = expected_[static_cast<size_t>(c.value().token)];
+    const size_t want = sizeof(PostHeader) + pieces_.length(e.piece);
+    if (c.value().length < sizeof(PostHeader) || !e.header.same_call(mine_) || c.value().length != want) {
+      std::string theirs = c.value().length < sizeof(PostHeader)
+                               ? fmt::format("a {}-byte message", c.value().length)
+                               : describe(call_, e.header);
+      return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent {} (piece {} of rank {}'s block), rank {} expected {}",
+                                                      net_.label(), net_.world_rank(e.owner), theirs, e.piece,
+                                                      net_.world_rank(e.owner), net_.world_rank(me()),
+                                                      describe(call_, mine_))};
+    }
+    return &e;
+  }
+
+  // Direct: every member sends its block to every member on other servers,
+  // posts receives for theirs straight into their landing places, and runs
+  // the server-local gather while the network works.
+  Status direct(uint32_t callno, const Clock::time_point* t0) {
+    expected_.clear();
+    if (Status s = post_receives(callno, 0, topo_.members(), [](int m) { return m; }); !s.ok()) return s;
+    for (int m = 0; m < topo_.members(); ++m) {
+      if (topo_.local(m)) continue;
+      if (Status s = send_block(callno, m, me(), call_.input); !s.ok()) return s;
+    }
+    if (Status s = local_phase(false); !s.ok()) return s;
+    intra_ns = ns_since(*t0);
+    for (size_t left = expected_.size(); left > 0; --left) {
+      auto e = next_piece();
+      if (!e.ok()) return e.status();
+      const size_t off = pieces_.offset(e.value()->piece);
+      if (call_.bytes != 0) sink_(e.value()->owner, off, landing(e.value()->owner, off), pieces_.length(e.value()->piece));
+    }
+    return net_.wait_sends();
+  }
+
+  // Hierarchical: gather within the server; leaders exchange the server's
+  // blocks; each leader relays what it received to its server's members
+  // through its shared-memory ring, piece by piece as the pieces arrive.
+  Status hierarchical(uint32_t callno, const Clock::time_point* t0) {
+    const int leader = topo_.leader(topo_.mine);
+    const bool am_leader = me() == leader;
+    if (Status s = local_phase(am_leader); !s.ok()) return s;
+    intra_ns = ns_since(*t0);
+    const size_t chunk = call_.bytes == 0 ? 0 : max_piece(local_, call_.align);
+    if (call_.bytes != 0 && chunk == 0) {
+      return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte ring step", local_.label(),
+                                                   call_.align, local_.max_step_bytes())};
+    }
+    const int remote_members = topo_.members() - topo_.local_count();
+    const bool relay = topo_.local_count() > 1 && call_.bytes != 0;
+
+    if (!am_leader) {
+      // As many relay steps as the leader will post: each remote piece, cut into ring steps.
+      size_t steps = 0;
+      for (uint32_t p = 0; relay && p < pieces_.count(); ++p) steps += (pieces_.length(p) + chunk - 1) / chunk;
+      steps *= static_cast<size_t>(remote_members);
+      for (size_t i = 0; i < steps; ++i) {
+        const uint64_t step = local_.next_step();
+        local_.post(step, mine_);
+        auto line = local_.wait(0, step);  // the leader is local member 0
+        if (!line.ok()) return line.status();
+        const PostHeader& h = line.value()->header;
+        const int owner = static_cast<int>(h.aux >> 48);
+        const size_t off = h.aux & ((uint64_t{1} << 48) - 1);
+        sink_(owner, off, local_.member_data(0, h.offset), h.bytes);
+      }
+      return Status::Ok();
+    }
+
+    expected_.clear();
+    if (Status s = post_receives(callno, 0, topo_.members(), [&](int m) { return topo_.leader(topo_.server_of(m)); });
+        !s.ok()) {
+      return s;
+    }
+    for (int slot = 0; slot < topo_.servers(); ++slot) {
+      if (slot == topo_.mine) continue;
+      for (int m = topo_.first[topo_.mine]; m < topo_.first[topo_.mine + 1]; ++m) {
+        if (Status s = send_block(callno, topo_.leader(slot), m, landing(m, 0)); !s.ok()) return s;
+      }
+    }
+    for (size_t left = expected_.size(); left > 0; --left) {
+      auto e = next_piece();
+      if (!e.ok()) return e.status();
+      const int owner = e.value()->owner;
+      const size_t off0 = pieces_.offset(e.value()->piece), len0 = pieces_.length(e.value()->piece);
+      if (call_.bytes == 0) continue;
+      const std::byte* src = landing(owner, off0);
+      sink_(owner, off0, src, len0);
+      for (size_t at = 0; relay && at < len0; at += chunk) {
+        const size_t len = std::min(chunk, len0 - at);
+        const uint64_t step = local_.next_step();
+        uint32_t ring_at = 0;
+        copy_into_ring(CopyIn::kCached, local_.claim(len, &ring_at), src + at, len);
+        PostHeader h = mine_;
+        h.bytes = len;
+        h.aux = (uint64_t(owner) << 48) | (off0 + at);
+        h.offset = ring_at;
+        local_.post(step, h);
+        // Lockstep with the members (see shm_channel.hpp): their post of this
+        // step says they are done with the one before.
+        for (int i = 1; i < local_.members(); ++i) {
+          auto line = local_.wait(i, step);
+          if (!line.ok()) return line.status();
+        }
+      }
+    }
+    return net_.wait_sends();
+  }
+
+  ShmChannel& local_;
+  NetChannel& net_;
+  const Topology& topo_;
+  const GatherCall& call_;
+  PieceSink sink_;
+  Pieces pieces_;
+  const PostHeader mine_;
+  std::vector<Expected> expected_;
+};
+
+}  // namespace
+
+int Topology::server_of(int member) const {
+  return static_cast<int>(std::upper_bound(first.begin(), first.end(), member) - first.begin()) - 1;
+}
+
+Topology Topology::of(const std::vector<int>& server_of_member, int me) {
+  Topology t;
+  for (size_t m = 0; m < server_of_member.size(); ++m) {
+    if (m == 0 || server_of_member[m] != server_of_member[m - 1]) t.first.push_back(static_cast<int>(m));
+  }
+  t.first.push_back(static_cast<int>(server_of_member.size()));
+  t.mine = t.server_of(me);
+  return t;
+}
+
+size_t hierarchical_min_bytes() {
+  static const size_t v = env_bytes("FG_HIER_MIN_BYTES", size_t{64} << 10);
+  return v;
+}
+
+Schedule choose_schedule(const Topology& topo, size_t bytes, Schedule requested) {
+  if (requested == Schedule::kDirect || requested == Schedule::kHierarchical) return requested;
+  if (topo.one_per_server()) return Schedule::kDirect;  // nothing to relay: the same messages
+  return bytes >= hierarchical_min_bytes() ? Schedule::kHierarchical : Schedule::kDirect;
+}
+
+size_t net_piece_bytes(size_t bytes, size_t align) {
+  static const size_t configured = std::max<size_t>(env_bytes("FG_NET_PIECE_BYTES", size_t{1} << 20), 4096);
+  align = std::max<size_t>(align, 1);
+  size_t piece = std::max(align, configured / align * align);
+  // The tag has 16 bits for the piece: large blocks get larger pieces.
+  const size_t min_piece = (bytes + transport::kMaxNetPieces - 1) / transport::kMaxNetPieces;
+  if (piece < min_piece) piece = (min_piece + align - 1) / align * align;
+  return piece;
+}
+
+Status gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, PieceSink sink) {
+  if (!net.broken().ok()) return net.broken();
+  if (!local.broken().ok()) return local.broken();
+  if (call.schedule == Schedule::kRingPass) {
+    return {ErrorKind::kUnsupported, fmt::format("{}: the ring schedule runs within one server; a group across servers "
+                                                 "runs direct or hierarchical", net.label())};
+  }
+  if (call.bytes != 0 && call.landing == nullptr) {
+    return {ErrorKind::kUnsupported, fmt::format("{}: this op keeps no copy of the gathered blocks", net.label())};
+  }
+  GatherCall c = call;
+  c.schedule = choose_schedule(topo, call.bytes, call.schedule);
+  const auto t0 = Clock::now();
+  Across run(local, net, topo, c, sink);
+  Status s = run.run(c.schedule);
+  if (call.stats != nullptr) {
+    call.stats->schedule = c.schedule;
+    call.stats->intra_ns = run.intra_ns;
+    call.stats->inter_ns = ns_since(t0) - run.intra_ns;
+  }
+  return s;
+}
+
+}  // namespace fastgather::algo

@@ -1,0 +1,384 @@
+#include "transport/net_channel.hpp"
+
+#include <poll.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <functional>
+
+#include <fmt/format.h>
+#include <ucp/api/ucp.h>
+
+namespace fastgather::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status ucx_error(const std::string& what, ucs_status_t st) {
+  return {ErrorKind::kSystem, fmt::format("{}: UCX: {}", what, ucs_status_string(st))};
+}
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+uint64_t make_tag(uint16_t group, int owner, uint32_t call, uint32_t piece) {
+  return (uint64_t{group} << 48) | (uint64_t(owner & (kMaxNetMembers - 1)) << 36) | (uint64_t(call & 0xfffff) << 16) |
+         (piece & 0xffff);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- UcxWorker
+
+struct UcxWorker::Impl {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;
+  std::string address;
+  std::string describe;
+
+  ~Impl() {
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+  }
+};
+
+UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxWorker::~UcxWorker() = default;
+const std::string& UcxWorker::address() const { return impl_->address; }
+const std::string& UcxWorker::describe() const { return impl_->describe; }
+
+Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const Options& options) {
+  auto impl = std::make_unique<Impl>();
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) return ucx_error("reading the UCX configuration", st);
+  std::string tls = env_set("UCX_TLS") ? std::getenv("UCX_TLS") : "default";
+  std::string devices = env_set("UCX_NET_DEVICES") ? std::getenv("UCX_NET_DEVICES") : "default";
+  if (options.loopback) {
+    // Simulated servers share this host; UCX would otherwise pick shared
+    // memory between them, and the simulation would measure nothing of the network.
+    if (!env_set("UCX_TLS")) {
+      ucp_config_modify(config, "TLS", "tcp");
+      tls = "tcp";
+    }
+    if (!env_set("UCX_NET_DEVICES")) {
+      ucp_config_modify(config, "NET_DEVICES", "lo");
+      devices = "lo";
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.name = "fastgather";
+  ucs_status_t st = ucp_init(&params, config, &impl->context);
+  ucp_config_release(config);
+  if (st != UCS_OK) return ucx_error("initialising UCX", st);
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if (st = ucp_worker_create(impl->context, &wp, &impl->worker); st != UCS_OK) return ucx_error("creating a UCX worker", st);
+  if (st = ucp_worker_get_efd(impl->worker, &impl->efd); st != UCS_OK) return ucx_error("getting the UCX worker's event fd", st);
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  if (st = ucp_worker_get_address(impl->worker, &addr, &len); st != UCS_OK) return ucx_error("getting the UCX worker address", st);
+  impl->address.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(impl->worker, addr);
+  impl->describe = fmt::format("UCX {}, UCX_TLS={}, UCX_NET_DEVICES={}{}", ucp_get_version_string(), tls, devices,
+                               options.loopback ? " (simulated servers on one host: loopback)" : "");
+  return std::unique_ptr<UcxWorker>(new UcxWorker(std::move(impl)));
+}
+
+// ------------------------------------------------------------ NetChannel
+
+namespace {
+
+struct Endpoint {
+  ucp_ep_h ep = nullptr;
+  ucs_status_t error = UCS_OK;  // set by UCX's error callback
+};
+
+void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) { static_cast<Endpoint*>(arg)->error = status; }
+
+// One operation in flight. The iov array must outlive it: UCX keeps a pointer to it.
+struct Op {
+  void* request = nullptr;  // null once completed
+  int peer = -1;
+  int token = -1;
+  bool reported = false;
+  ucs_status_t status = UCS_INPROGRESS;
+  ucp_tag_recv_info_t info{};
+  std::vector<ucp_dt_iov_t> iov;
+};
+
+}  // namespace
+
+struct NetChannel::Impl {
+  UcxWorker::Impl* w = nullptr;
+  uint16_t group = 0;
+  std::vector<Endpoint> eps;  // sized once: UCX holds pointers to its elements
+  std::vector<std::unique_ptr<Op>> recvs, sends;
+
+  // Polls one op; true once complete.
+  bool poll(Op& op, bool is_recv) {
+    if (op.request == nullptr) return true;
+    ucs_status_t st = is_recv ? ucp_tag_recv_request_test(op.request, &op.info) : ucp_request_check_status(op.request);
+    if (st == UCS_INPROGRESS) return false;
+    op.status = st;
+    ucp_request_free(op.request);
+    op.request = nullptr;
+    return true;
+  }
+
+  std::vector<void*> closing;  // endpoint close requests
+
+  void close_endpoints(bool graceful) {
+    for (auto& e : eps) {
+      if (e.ep == nullptr) continue;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = graceful && e.error == UCS_OK ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(e.ep, &p);
+      if (r != nullptr && UCS_PTR_IS_PTR(r)) closing.push_back(r);
+      e.ep = nullptr;
+    }
+  }
+
+  // Polls everything in flight once; true when nothing is.
+  bool settled() {
+    bool busy = false;
+    for (auto& op : recvs) busy |= !poll(*op, true);
+    for (auto& op : sends) busy |= !poll(*op, false);
+    for (void*& r : closing) {
+      if (r != nullptr && ucp_request_check_status(r) != UCS_INPROGRESS) {
+        ucp_request_free(r);
+        r = nullptr;
+      }
+      busy |= r != nullptr;
+    }
+    return !busy;
+  }
+
+  // Progresses until nothing is in flight or `bound` passes, then hands back
+  // whatever is left (UCX completes it internally; no callback will touch our
+  // memory, as none was registered).
+  void drain(std::chrono::milliseconds bound) {
+    const auto until = Clock::now() + bound;
+    while (!settled() && Clock::now() < until) ucp_worker_progress(w->worker);
+    for (auto* list : {&recvs, &sends}) {
+      for (auto& op : *list) {
+        if (op->request != nullptr) ucp_request_free(op->request);
+      }
+      list->clear();
+    }
+    for (void* r : closing) {
+      if (r != nullptr) ucp_request_free(r);
+    }
+    closing.clear();
+  }
+
+  // After an error: cancel receives, force-close endpoints (which completes
+  // their sends with an error), and let UCX let go of every buffer.
+  void abandon() {
+    for (auto& op : recvs) {
+      if (op->request != nullptr) ucp_request_cancel(w->worker, op->request);
+    }
+    close_endpoints(false);
+    drain(std::chrono::milliseconds(500));
+  }
+};
+
+Result<std::unique_ptr<NetChannel>> NetChannel::connect(UcxWorker& worker, uint16_t group_id,
+                                                        std::vector<int> world_ranks, int me,
+                                                        const std::vector<std::string>& addresses, WaitPolicy policy,
+                                                        std::string label) {
+  if (world_ranks.size() > static_cast<size_t>(kMaxNetMembers)) {
+    return Status{ErrorKind::kUnsupported,
+                  fmt::format("{}: {} members; groups across servers hold at most {}", label, world_ranks.size(), kMaxNetMembers)};
+  }
+  std::unique_ptr<NetChannel> ch(new NetChannel());
+  ch->impl_ = std::make_unique<Impl>();
+  ch->impl_->w = worker.impl();
+  ch->impl_->group = group_id;
+  ch->impl_->eps.resize(world_ranks.size());
+  ch->world_ranks_ = std::move(world_ranks);
+  ch->me_ = me;
+  ch->policy_ = policy;
+  ch->label_ = std::move(label);
+  for (size_t m = 0; m < addresses.size(); ++m) {
+    if (addresses[m].empty()) continue;
+    Endpoint& e = ch->impl_->eps[m];
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = reinterpret_cast<const ucp_address_t*>(addresses[m].data());
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = on_ep_error;
+    p.err_handler.arg = &e;
+    if (ucs_status_t st = ucp_ep_create(ch->impl_->w->worker, &p, &e.ep); st != UCS_OK) {
+      return ucx_error(fmt::format("{}: connecting to rank {}", ch->label_, ch->world_ranks_[m]), st);
+    }
+  }
+  return ch;
+}
+
+NetChannel::~NetChannel() {
+  impl_->close_endpoints(false);  // no-op after begin_close()
+  impl_->drain(std::chrono::milliseconds(500));
+}
+
+void NetChannel::begin_close() { impl_->close_endpoints(broken_.ok()); }
+
+bool NetChannel::closed() { return impl_->settled(); }
+
+void UcxWorker::progress() { ucp_worker_progress(impl_->worker); }
+
+Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov) {
+  if (!broken_.ok()) return broken_;
+  Endpoint& e = impl_->eps[to];
+  if (e.ep == nullptr) return {ErrorKind::kSystem, fmt::format("{}: no endpoint to rank {}", label_, world_ranks_[to])};
+  auto op = std::make_unique<Op>();
+  op->peer = to;
+  for (const NetIov& v : iov) op->iov.push_back({v.data, v.len});
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_iov();
+  ucs_status_ptr_t r = ucp_tag_send_nbx(e.ep, op->iov.data(), op->iov.size(), make_tag(impl_->group, owner, call, piece), &p);
+  if (UCS_PTR_IS_ERR(r)) {
+    Status s = ucx_error(fmt::format("{}: sending to rank {}", label_, world_ranks_[to]), UCS_PTR_STATUS(r));
+    fail(s);
+    return s;
+  }
+  if (r == nullptr) return Status::Ok();  // done already (eager)
+  op->request = r;
+  impl_->sends.push_back(std::move(op));
+  return Status::Ok();
+}
+
+Status NetChannel::recv(int from, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov, int token) {
+  if (!broken_.ok()) return broken_;
+  auto op = std::make_unique<Op>();
+  op->peer = from;
+  op->token = token;
+  for (const NetIov& v : iov) op->iov.push_back({v.data, v.len});
+  ucp_request_param_t p{};
+  // Always a request: UCX 1.13 does not fill recv_info on an immediate
+  // completion of an iov receive (seen: the length stayed unset).
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.datatype = ucp_dt_make_iov();
+  ucs_status_ptr_t r = ucp_tag_recv_nbx(impl_->w->worker, op->iov.data(), op->iov.size(),
+                                        make_tag(impl_->group, owner, call, piece), ~uint64_t{0}, &p);
+  if (UCS_PTR_IS_ERR(r)) {
+    Status s = ucx_error(fmt::format("{}: receiving from rank {}", label_, world_ranks_[from]), UCS_PTR_STATUS(r));
+    fail(s);
+    return s;
+  }
+  op->request = r;
+  impl_->recvs.push_back(std::move(op));
+  return Status::Ok();
+}
+
+size_t NetChannel::pending_receives() const {
+  size_t n = 0;
+  for (const auto& op : impl_->recvs) n += op->reported ? 0 : 1;
+  return n;
+}
+
+Status NetChannel::wait_until(const char* what, const std::function<bool()>& done) {
+  const auto start = Clock::now();
+  auto& eps = impl_->eps;
+  auto lost = [&](int peer) -> Status {
+    ucs_status_t e = eps[peer].error;
+    return {ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was {} (UCX: {})", label_, world_ranks_[peer],
+                                              world_ranks_[me_], what, ucs_status_string(e))};
+  };
+  for (;;) {
+    ucp_worker_progress(impl_->w->worker);
+    if (done()) return Status::Ok();
+    // Health: an endpoint we wait on has failed, or an op completed with an error.
+    for (auto* list : {&impl_->recvs, &impl_->sends}) {
+      for (auto& op : *list) {
+        if (op->request != nullptr && eps[op->peer].error != UCS_OK) return lost(op->peer);
+        if (op->request == nullptr && op->status != UCS_OK && !op->reported) {
+          if (op->status == UCS_ERR_MESSAGE_TRUNCATED) {
+            return {ErrorKind::kMismatch, fmt::format("{}: rank {} sent more bytes than rank {} expected", label_,
+                                                      world_ranks_[op->peer], world_ranks_[me_])};
+          }
+          if (eps[op->peer].error != UCS_OK) return lost(op->peer);
+          return ucx_error(fmt::format("{}: rank {} {} rank {}", label_, world_ranks_[me_], what, world_ranks_[op->peer]),
+                           op->status);
+        }
+      }
+    }
+    const auto waited = Clock::now() - start;
+    if (policy_.timeout.count() > 0 && waited > policy_.timeout) {
+      int peer = -1;
+      for (auto* list : {&impl_->recvs, &impl_->sends}) {
+        for (auto& op : *list) {
+          if (peer < 0 && op->request != nullptr) peer = op->peer;
+        }
+      }
+      return {ErrorKind::kTimeout, fmt::format("{}: rank {} did not arrive within {} ms (rank {} was {})", label_,
+                                               peer >= 0 ? world_ranks_[peer] : -1, policy_.timeout.count(),
+                                               world_ranks_[me_], what)};
+    }
+    if (waited < policy_.spin) continue;
+    if (waited < policy_.spin + policy_.yield) {
+      ::sched_yield();
+      continue;
+    }
+    // Sleep until the worker has events (or a slice passes: health and deadline again).
+    ucs_status_t st = ucp_worker_arm(impl_->w->worker);
+    if (st == UCS_ERR_BUSY) continue;
+    if (st != UCS_OK) return ucx_error(fmt::format("{}: arming the UCX worker", label_), st);
+    pollfd p{impl_->w->efd, POLLIN, 0};
+    ::poll(&p, 1, 10);
+  }
+}
+
+Result<NetChannel::Completion> NetChannel::wait_any() {
+  if (!broken_.ok()) return broken_;
+  Op* found = nullptr;
+  auto any_done = [&] {
+    for (auto& op : impl_->recvs) {
+      if (!op->reported && impl_->poll(*op, true) && op->status == UCS_OK) {
+        found = op.get();
+        return true;
+      }
+    }
+    return false;
+  };
+  if (Status s = wait_until("receiving", any_done); !s.ok()) {
+    fail(s);
+    return s;
+  }
+  found->reported = true;
+  Completion c{found->token, found->info.length};
+  if (pending_receives() == 0) impl_->recvs.clear();
+  return c;
+}
+
+Status NetChannel::wait_sends() {
+  if (!broken_.ok()) return broken_;
+  auto all_done = [&] {
+    for (auto& op : impl_->sends) {
+      if (!impl_->poll(*op, false) || op->status != UCS_OK) return false;
+    }
+    return true;
+  };
+  if (Status s = wait_until("sending", all_done); !s.ok()) {
+    fail(s);
+    return s;
+  }
+  impl_->sends.clear();
+  return Status::Ok();
+}
+
+void NetChannel::fail(Status why) {
+  if (!broken_.ok()) return;
+  broken_ = std::move(why);
+  impl_->abandon();
+}
+
+}  // namespace fastgather::transport

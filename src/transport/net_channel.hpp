@@ -1,0 +1,122 @@
+// How bytes cross servers: UCX (UCP tag matching). One UcxWorker per
+// process; one NetChannel per group that spans servers, with its own
+// endpoints to the group's members on other servers, so that a failure
+// breaks only the groups that lost a member.
+//
+// A message is identified by its tag: group id (16 bits), the member whose
+// bytes it carries (12), the group's call counter (20) and the piece of the
+// call (16). Members are never more than one call apart (a call completes
+// only once every peer has sent its part of it), so the counter may wrap.
+// The transport moves iovecs and reports completions; what the bytes mean,
+// and in which order to post them, is the algorithm's business.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fastgather/status.hpp"
+#include "transport/shm_channel.hpp"  // WaitPolicy
+
+namespace fastgather::transport {
+
+constexpr int kMaxNetMembers = 1 << 12;
+constexpr uint32_t kMaxNetPieces = 1u << 16;
+
+struct NetIov {
+  void* data;
+  size_t len;
+};
+
+class UcxWorker {
+ public:
+  struct Options {
+    // All servers share this host (simulated servers): keep UCX to TCP on the
+    // loopback device, unless UCX_TLS / UCX_NET_DEVICES say otherwise.
+    bool loopback = false;
+  };
+  static Result<std::unique_ptr<UcxWorker>> create(const Options& options);
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // The worker's address, to publish through the rendezvous store.
+  const std::string& address() const;
+  // "UCX 1.13.1, UCX_TLS=tcp, ..." and the like.
+  const std::string& describe() const;
+  void progress();
+
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  explicit UcxWorker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class NetChannel {
+ public:
+  // world_ranks[m] names member m; addresses[m] is its worker address ("" for
+  // members this member never talks to over the network, itself included).
+  static Result<std::unique_ptr<NetChannel>> connect(UcxWorker& worker, uint16_t group_id,
+                                                     std::vector<int> world_ranks, int me,
+                                                     const std::vector<std::string>& addresses, WaitPolicy policy,
+                                                     std::string label);
+  ~NetChannel();
+  NetChannel(const NetChannel&) = delete;
+  NetChannel& operator=(const NetChannel&) = delete;
+
+  int me() const { return me_; }
+  int world_rank(int member) const { return world_ranks_[member]; }
+  const std::string& label() const { return label_; }
+  // Every member calls this once per collective, in the same order.
+  uint32_t next_call() { return ++call_; }
+
+  // Nonblocking. `owner` is the member whose bytes the message carries (the
+  // sender, or a server leader forwarding for it); `token` comes back from
+  // wait_any() when a receive completes. Buffers must stay valid until
+  // wait_any()/wait_sends() has reported them, or until the channel broke.
+  Status send(int to, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov);
+  Status recv(int from, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov, int token);
+  struct Completion {
+    int token;
+    size_t length;  // bytes received (a shorter message than posted is the caller's to judge)
+  };
+  // Waits for any posted receive to complete.
+  Result<Completion> wait_any();
+  size_t pending_receives() const;
+  // Waits until every send posted so far has completed.
+  Status wait_sends();
+
+  // Sticky: after a timeout, a lost peer or a mismatch, every later call
+  // fails with the same status. fail() cancels what is in flight.
+  const Status& broken() const { return broken_; }
+  void fail(Status why);
+
+  // Closing, in the way of Open MPI's UCX layer: every rank starts a flushing
+  // close of its endpoints, progresses until they are closed (closed()), and
+  // keeps progressing in a fence until every rank is done, so that nobody's
+  // last bytes are lost to a peer that has already gone.
+  void begin_close();
+  bool closed();  // polls; true once every close has completed
+
+  struct Impl;
+
+ private:
+  NetChannel() = default;
+  Status wait_until(const char* what, const std::function<bool()>& done);
+  std::unique_ptr<Impl> impl_;
+  std::vector<int> world_ranks_;
+  int me_ = -1;
+  uint32_t call_ = 0;
+  std::string label_;
+  WaitPolicy policy_;
+  Status broken_;
+};
+
+}  // namespace fastgather::transport
