@@ -57,13 +57,24 @@ struct Case {
   bool bias;
   bool gather_output;
   std::string ring_bytes;  // small rings force many pieces per rank
+  int servers = 1;         // simulated servers (UCX on loopback between them)
+  int tp = 1;              // the TP x DP group instead of the world
+  AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;
 };
 
 std::string run_case(const Config& c, const Case& cs) {
   if (!cs.ring_bytes.empty()) ::setenv("FG_RING_BYTES", cs.ring_bytes.c_str(), 1);
+  // Across servers, small network pieces too (not a multiple of a row: rounded down to rows).
+  if (!cs.ring_bytes.empty() && cs.servers > 1) ::setenv("FG_NET_PIECE_BYTES", "40000", 1);
   auto comm = Communicator::create(c);
   RANK_OK(comm.status());
-  Group& g = (*comm)->world();
+  Group* group = &(*comm)->world();
+  if (cs.tp > 1) {
+    auto sub = (*comm)->tp_group_of_dp(cs.tp, c.world_size / cs.tp);
+    RANK_OK(sub.status());
+    group = sub.value();
+  }
+  Group& g = *group;
   const int w = g.size();
   const DType d = cs.dtype;
   for (int seed = 1; seed <= 3; ++seed) {
@@ -76,11 +87,12 @@ std::string run_case(const Config& c, const Case& cs) {
     if (cs.bias) bias_view = TensorView(bias.data(), d, {cs.n});
     AllGatherMatmulOptions opt;
     opt.gather_output = cs.gather_output;
+    opt.algorithm = cs.algorithm;
     RANK_OK(all_gather_matmul(g, x1.view(), x2.view(), bias_view, out.view(),
                               cs.gather_output ? gathered.view() : TensorView{}, opt));
     const double u_out = output_roundoff(d);
     for (int r = 0; r < w; ++r) {
-      Tensor xr = make_x1(d, cs.m, cs.k, r, seed);
+      Tensor xr = make_x1(d, cs.m, cs.k, g.ranks()[r], seed);
       if (cs.gather_output) {
         RANK_CHECK(std::memcmp(gathered.data_as<char>() + r * xr.nbytes(), xr.data(), xr.nbytes()) == 0,
                    "gather_out block of rank {} differs from its x1", r);
@@ -134,6 +146,34 @@ INSTANTIATE_TEST_SUITE_P(AllGatherMatmul, Fused,
                          [](const auto& info) {
                            return fmt::format("{}_world{}", dtype_name(std::get<0>(info.param)), std::get<1>(info.param));
                          });
+
+// Across simulated servers: remote blocks are received, then multiplied as
+// each piece lands; both schedules, both layouts, with and without gather_out.
+TEST(AllGatherMatmulAcrossServers, MatchesReferenceGemm) {
+  struct Shape {
+    int servers, world, tp;
+  };
+  for (Shape sh : {Shape{2, 4, 2}, Shape{2, 4, 1}, Shape{3, 4, 1}}) {
+    for (auto algo : {AllGatherAlgorithm::kDirect, AllGatherAlgorithm::kHierarchical}) {
+      for (DType d : {DType::kF32, DType::kBF16}) {
+        // 300 rows of 1 KiB (fp32) per rank and a 64 KiB ring: several network pieces and relay steps.
+        for (Case cs : {Case{d, 5, 64, 16, true, true, ""}, Case{d, 300, 256, 24, true, false, "65536"},
+                        Case{d, 300, 256, 24, false, true, "65536"}, Case{d, 0, 64, 16, true, true, ""}}) {
+          cs.servers = sh.servers;
+          cs.tp = sh.tp;
+          cs.algorithm = algo;
+          SCOPED_TRACE(fmt::format("servers={} world={} tp={} {} {} m={} k={} gather_output={}", sh.servers, sh.world,
+                                   sh.tp, algo == AllGatherAlgorithm::kDirect ? "direct" : "hierarchical",
+                                   dtype_name(d), cs.m, cs.k, cs.gather_output));
+          fgtest::JobOptions jo;
+          jo.servers = sh.servers;
+          jo.timeout = std::chrono::milliseconds(20000);
+          fgtest::expect_all_ok(fgtest::run_job(sh.world, [&](const Config& c) { return run_case(c, cs); }, jo));
+        }
+      }
+    }
+  }
+}
 
 TEST(AllGatherMatmulErrors, MismatchedKIsAnErrorOnEveryRank) {
   auto results = fgtest::run_job(2, [](const Config& c) -> std::string {

@@ -67,6 +67,9 @@ TEST_P(AcrossServers, BothFormsEverySchedule) {
   auto results = fgtest::run_job(l.tp * l.dp, [&](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
+    // All "servers" are this host: UCX must be kept to TCP on loopback.
+    RANK_CHECK((*comm)->transport().find("UCX_TLS=tcp, UCX_NET_DEVICES=lo") != std::string::npos, "{}",
+               (*comm)->transport());
     auto sub = (*comm)->tp_group_of_dp(l.tp, l.dp);
     RANK_OK(sub.status());
     uint64_t it = 0;
@@ -88,3 +91,104 @@ INSTANTIATE_TEST_SUITE_P(Layouts, AcrossServers,
                          ::testing::Values(Layout{2, 2, 2}, Layout{2, 1, 4}, Layout{3, 2, 2}, Layout{3, 1, 4},
                                            Layout{3, 2, 3}),
                          [](const auto& info) { return layout_name(info.param); });
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status gather_bytes(Group& g, size_t bytes) {
+  Tensor in = Tensor::zeros(DType::kU8, {static_cast<int64_t>(bytes)});
+  Tensor out = Tensor::zeros(DType::kU8, {static_cast<int64_t>(bytes) * g.size()});
+  return all_gather(g, in.view(), out.view());
+}
+
+}  // namespace
+
+// A rank on another server disagreeing on the size: every member reports the
+// mismatch with both sizes; nobody hangs, and the group stays failed
+// (messages of the failed call may still be in flight, so it is not reused).
+TEST(AcrossServersFaults, MismatchIsNamedAndTheGroupStaysFailed) {
+  for (size_t big : {size_t{16}, size_t{98304}}) {
+    fgtest::JobOptions jo;
+    jo.servers = 2;
+    auto results = fgtest::run_job(4, [&](const Config& c) -> std::string {
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      Group& g = (*comm)->world();
+      Status s = gather_bytes(g, c.rank == 3 ? big * 2 : big);
+      // Whoever saw the disagreement names it; whoever only lost a peer over
+      // it reads the reason that peer published before it left.
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch, "got {}", s.to_string());
+      RANK_CHECK(s.message().find(fmt::format("{} bytes", big)) != std::string::npos &&
+                     s.message().find(fmt::format("{} bytes", 2 * big)) != std::string::npos &&
+                     s.message().find("rank 3") != std::string::npos,
+                 "should name rank 3 and both sizes: {}", s.message());
+      Status again = gather_bytes(g, big);
+      RANK_CHECK(!again.ok(), "a failed group across servers must stay failed");
+      return "";
+    }, jo);
+    fgtest::expect_all_ok(results);
+  }
+}
+
+// A whole server dies mid-run (its ranks SIGKILLed): the other server's ranks
+// get an error naming a lost rank well within the timeout, exit cleanly, and
+// leave nothing in /dev/shm.
+TEST(AcrossServersFaults, ServerDeathIsAnErrorOnTheOthers) {
+  for (int tp : {1, 2}) {
+    fgtest::JobOptions jo;
+    jo.servers = 2;
+    jo.timeout = std::chrono::milliseconds(5000);
+    jo.hang_limit = std::chrono::seconds(60);
+    auto results = fgtest::run_job(4, [&](const Config& c) -> std::string {
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      auto sub = (*comm)->tp_group_of_dp(tp, 4 / tp);
+      RANK_OK(sub.status());
+      Group& g = *sub.value();
+      auto last_ok = Clock::now();
+      for (int it = 0;; ++it) {
+        if (c.server_index == 1 && it == 200) ::raise(SIGKILL);
+        Status s = gather_bytes(g, it % 2 == 0 ? 64 : 256 << 10);
+        if (s.ok()) {
+          last_ok = Clock::now();
+          RANK_CHECK(it < 100000, "the dead server was never noticed");
+          continue;
+        }
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - last_ok).count();
+        RANK_CHECK(s.kind() == ErrorKind::kPeerLost || s.kind() == ErrorKind::kTimeout, "got {}", s.to_string());
+        RANK_CHECK(ms < 5000 + 1000, "noticed after {:.0f} ms: {}", ms, s.to_string());
+        std::fprintf(stderr, "rank %d (tp %d): %s after %.1f ms\n", c.rank, tp, s.to_string().c_str(), ms);
+        return "";
+      }
+    }, jo);
+    for (int r = 0; r < 4; ++r) {
+      if (r < 2) {
+        EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+      } else {
+        EXPECT_EQ(results[r].signal, SIGKILL) << "rank " << r;
+      }
+    }
+    EXPECT_TRUE(fgtest::segments_of(results).empty());
+  }
+}
+
+// A server that never starts: the others fail creation with a timeout (or,
+// once the store's host has given up and gone, with its loss).
+TEST(AcrossServersFaults, MissingServerTimesOut) {
+  fgtest::JobOptions jo;
+  jo.servers = 2;
+  jo.timeout = std::chrono::milliseconds(1000);
+  auto results = fgtest::run_job(4, [&](const Config& c) -> std::string {
+    if (c.server_index == 1) return "";  // never shows up
+    auto t0 = Clock::now();
+    auto comm = Communicator::create(c);
+    RANK_CHECK(!comm.ok() && (comm.status().kind() == ErrorKind::kTimeout ||
+                              (c.rank != 0 && comm.status().kind() == ErrorKind::kPeerLost)),
+               "got {}", comm.status().to_string());
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    RANK_CHECK(ms < 3000, "took {:.0f} ms", ms);
+    return "";
+  }, jo);
+  fgtest::expect_all_ok(results);
+}

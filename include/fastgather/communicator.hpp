@@ -48,6 +48,9 @@ class Communicator {
   int rank() const;
   int size() const;
   const Config& config() const;
+  // How bytes move: "shared memory" on one server; with several, also the
+  // UCX transports in use between servers (and whether they are simulated).
+  std::string transport() const;
   Group& world();
 
   // Collective over the members of `ranks` only (not over the world). The

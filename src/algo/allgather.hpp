@@ -39,6 +39,9 @@ struct GatherStats {
   Schedule schedule = Schedule::kOneShot;
   double intra_ns = 0;  // the server-local (shared-memory) phase
   double inter_ns = 0;  // after it: waiting for other servers' bytes, relaying them
+  // A kMismatch from comparing headers, so naming both calls (a truncated
+  // network message carries no header: the sender's call is unknown).
+  bool headers_compared = false;
 };
 
 struct ProtocolRule {

@@ -60,6 +60,7 @@ class Across {
   }
 
   double intra_ns = 0;
+  bool headers_compared = false;
 
  private:
   std::byte* landing(int member, size_t off) const {
@@ -84,7 +85,9 @@ class Across {
       }
       sink_(member, off, src, len);
     };
-    return gather(local_, c, translate);
+    Status s = gather(local_, c, translate);
+    if (s.kind() == ErrorKind::kMismatch) headers_compared = true;
+    return s;
   }
 
   // Receives of every piece of every member in [first, last) from `from(member)`.
@@ -129,6 +132,7 @@ class Across {
       std::string theirs = c.value().length < sizeof(PostHeader)
                                ? fmt::format("a {}-byte message", c.value().length)
                                : describe(call_, e.header);
+      headers_compared = c.value().length >= sizeof(PostHeader);
       return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent {} (piece {} of rank {}'s block), rank {} expected {}",
                                                       net_.label(), net_.world_rank(e.owner), theirs, e.piece,
                                                       net_.world_rank(e.owner), net_.world_rank(me()),
@@ -298,6 +302,7 @@ Status gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, c
     call.stats->schedule = c.schedule;
     call.stats->intra_ns = run.intra_ns;
     call.stats->inter_ns = ns_since(t0) - run.intra_ns;
+    call.stats->headers_compared = run.headers_compared;
   }
   return s;
 }

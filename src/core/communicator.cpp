@@ -191,6 +191,11 @@ int Communicator::size() const { return impl_->config.world_size; }
 const Config& Communicator::config() const { return impl_->config; }
 Group& Communicator::world() { return *impl_->groups.front(); }
 
+std::string Communicator::transport() const {
+  if (!impl_->ucx) return "shared memory";
+  return fmt::format("shared memory within a server; between servers {}", impl_->ucx->describe());
+}
+
 Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config) {
   if (Status s = config.validate(); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
@@ -348,6 +353,19 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
                                               label);
     if (!net.ok()) return where(net.status());
     impl->net = std::move(net).value();
+    bootstrap::TcpStoreClient* st = store.get();
+    const std::string fail_key = key + "/failure";
+    impl->publish_failure = [st, fail_key](const Status& s) {
+      (void)st->set(fail_key, fmt::format("{}\n{}", static_cast<int>(s.kind()), s.message()));
+    };
+    impl->published_failure = [st, fail_key]() -> std::optional<Status> {
+      // Published before that member closed its endpoints: if it is not there now, it will not come.
+      auto v = st->get(fail_key, Clock::now() + std::chrono::milliseconds(10));
+      if (!v.ok()) return std::nullopt;  // nobody said why: a crash, most likely
+      const size_t nl = v.value().find('\n');
+      if (nl == std::string::npos) return std::nullopt;
+      return Status{static_cast<ErrorKind>(std::stoi(v.value().substr(0, nl))), v.value().substr(nl + 1)};
+    };
     // A barrier across the group: connections are made now, and a member
     // that cannot be reached fails the creation rather than the first call.
     algo::GatherCall hello;

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "algo/allgather_net.hpp"
 #include "algo/copy_in.hpp"
@@ -26,6 +30,10 @@ struct Group::Impl {
   // Across servers: null when every member is on this server.
   std::unique_ptr<transport::NetChannel> net;
   algo::Topology topo;
+  // Across servers, a member that fails a call on a mismatch closes its
+  // endpoints; the members that then lose it learn why through the store.
+  std::function<void(const Status&)> publish_failure;
+  std::function<std::optional<Status>()> published_failure;
   std::vector<float> scratch;     // fused op: converted rows, fp32 accumulators
   std::vector<std::byte> landed;  // fused op across servers without gather_out: where blocks land
   // What this machine has shown to be faster, per size; one per op, since the
@@ -42,7 +50,7 @@ inline bool spans_servers(const Group& g) { return g.impl()->net != nullptr; }
 inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
   Group::Impl& i = *g.impl();
   algo::GatherStats st;
-  call.stats = stats != nullptr ? &st : nullptr;
+  call.stats = &st;
   const auto t0 = std::chrono::steady_clock::now();
   Status s;
   if (i.net == nullptr) {
@@ -50,7 +58,19 @@ inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, 
     st.schedule = call.schedule == algo::Schedule::kRingPass ? call.schedule : algo::Schedule::kOneShot;
     st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   } else {
+    const bool was_broken = !i.net->broken().ok() || !i.channel->broken().ok();
     s = algo::gather_across(*i.channel, *i.net, i.topo, call, sink);
+    if (!s.ok() && !was_broken && (s.kind() == ErrorKind::kMismatch || s.kind() == ErrorKind::kPeerLost)) {
+      // Say what we saw at once, if it names both calls; otherwise what
+      // another member saw may say more (a truncated message has no header).
+      const bool told = s.kind() == ErrorKind::kMismatch && st.headers_compared;
+      if (told) i.publish_failure(s);
+      if (auto why = told ? std::nullopt : i.published_failure(); why && why->message() != s.message()) {
+        s = s.kind() == ErrorKind::kPeerLost ? Status{why->kind(), fmt::format("{} (after: {})", why->message(), s.message())}
+                                             : Status{s.kind(), fmt::format("{}; {}", s.message(), why->message())};
+      }
+      if (!told && s.kind() == ErrorKind::kMismatch) i.publish_failure(s);
+    }
   }
   if (stats != nullptr) *stats = {algo::schedule_name(st.schedule), st.intra_ns, st.inter_ns};
   return s;

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <optional>
 
 #include <fmt/format.h>
 #include <ucp/api/ucp.h>
@@ -21,6 +22,12 @@ Status ucx_error(const std::string& what, ucs_status_t st) {
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0';
+}
+
+// Statuses that mean the peer (or the way to it) is gone.
+bool peer_gone(ucs_status_t st) {
+  return st == UCS_ERR_ENDPOINT_TIMEOUT || st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_UNREACHABLE ||
+         st == UCS_ERR_REJECTED || st == UCS_ERR_NOT_CONNECTED || st == UCS_ERR_CANCELED;
 }
 
 uint64_t make_tag(uint16_t group, int owner, uint32_t call, uint32_t piece) {
@@ -246,7 +253,11 @@ Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::s
   p.datatype = ucp_dt_make_iov();
   ucs_status_ptr_t r = ucp_tag_send_nbx(e.ep, op->iov.data(), op->iov.size(), make_tag(impl_->group, owner, call, piece), &p);
   if (UCS_PTR_IS_ERR(r)) {
-    Status s = ucx_error(fmt::format("{}: sending to rank {}", label_, world_ranks_[to]), UCS_PTR_STATUS(r));
+    const ucs_status_t st = UCS_PTR_STATUS(r);
+    Status s = peer_gone(st) || e.error != UCS_OK
+                   ? Status{ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was sending (UCX: {})", label_,
+                                                              world_ranks_[to], world_ranks_[me_], ucs_status_string(st))}
+                   : ucx_error(fmt::format("{}: sending to rank {}", label_, world_ranks_[to]), st);
     fail(s);
     return s;
   }
@@ -293,23 +304,41 @@ Status NetChannel::wait_until(const char* what, const std::function<bool()>& don
     return {ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was {} (UCX: {})", label_, world_ranks_[peer],
                                               world_ranks_[me_], what, ucs_status_string(e))};
   };
+  // A peer that failed a call (a mismatch it saw) closes its endpoints; what
+  // other peers sent before that is still on its way. So a lost peer is
+  // reported only once nothing else has arrived for a short grace period, and
+  // the caller gets to judge the messages that did arrive first.
+  constexpr auto kGrace = std::chrono::milliseconds(10);
+  std::optional<Clock::time_point> lost_at;
   for (;;) {
     ucp_worker_progress(impl_->w->worker);
     if (done()) return Status::Ok();
     // Health: an endpoint we wait on has failed, or an op completed with an error.
+    int lost_peer = -1;
     for (auto* list : {&impl_->recvs, &impl_->sends}) {
       for (auto& op : *list) {
-        if (op->request != nullptr && eps[op->peer].error != UCS_OK) return lost(op->peer);
+        if (op->request != nullptr && eps[op->peer].error != UCS_OK && lost_peer < 0) lost_peer = op->peer;
         if (op->request == nullptr && op->status != UCS_OK && !op->reported) {
           if (op->status == UCS_ERR_MESSAGE_TRUNCATED) {
-            return {ErrorKind::kMismatch, fmt::format("{}: rank {} sent more bytes than rank {} expected", label_,
-                                                      world_ranks_[op->peer], world_ranks_[me_])};
+            size_t posted = 0;
+            for (const auto& v : op->iov) posted += v.length;
+            return {ErrorKind::kMismatch, fmt::format("{}: rank {} sent a message larger than the {} bytes (with header) "
+                                                      "rank {} expected", label_, world_ranks_[op->peer], posted,
+                                                      world_ranks_[me_])};
           }
-          if (eps[op->peer].error != UCS_OK) return lost(op->peer);
+          if (eps[op->peer].error != UCS_OK || peer_gone(op->status)) {
+            if (lost_peer < 0) lost_peer = op->peer;
+            continue;
+          }
           return ucx_error(fmt::format("{}: rank {} {} rank {}", label_, world_ranks_[me_], what, world_ranks_[op->peer]),
                            op->status);
         }
       }
+    }
+    if (lost_peer >= 0) {
+      if (!lost_at) lost_at = Clock::now();
+      if (Clock::now() - *lost_at > kGrace) return lost(lost_peer);
+      continue;
     }
     const auto waited = Clock::now() - start;
     if (policy_.timeout.count() > 0 && waited > policy_.timeout) {
