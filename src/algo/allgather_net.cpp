@@ -48,8 +48,7 @@ class Across {
 
   Status run(Schedule schedule) {
     const uint32_t callno = net_.next_call();
-    const auto t0 = Clock::now();
-    Status s = schedule == Schedule::kDirect ? direct(callno, &t0) : hierarchical(callno, &t0);
+    Status s = schedule == Schedule::kDirect ? direct(callno) : hierarchical(callno);
     if (!s.ok()) {
       // Leave nobody on this server waiting for a step that will not come,
       // and drop what is in flight.
@@ -112,6 +111,14 @@ class Across {
     return Status::Ok();
   }
 
+  // Times the server-local phase (the rest of the call is inter-server time).
+  Status timed_local_phase(bool keep) {
+    const auto t = Clock::now();
+    Status s = local_phase(keep);
+    intra_ns += ns_since(t);
+    return s;
+  }
+
   // Sends every piece of `owner`'s block, read from src, to member `to`.
   Status send_block(uint32_t callno, int to, int owner, const std::byte* src) {
     for (uint32_t p = 0; p < pieces_.count(); ++p) {
@@ -144,15 +151,14 @@ class Across {
   // Direct: every member sends its block to every member on other servers,
   // posts receives for theirs straight into their landing places, and runs
   // the server-local gather while the network works.
-  Status direct(uint32_t callno, const Clock::time_point* t0) {
+  Status direct(uint32_t callno) {
     expected_.clear();
     if (Status s = post_receives(callno, 0, topo_.members(), [](int m) { return m; }); !s.ok()) return s;
     for (int m = 0; m < topo_.members(); ++m) {
       if (topo_.local(m)) continue;
       if (Status s = send_block(callno, m, me(), call_.input); !s.ok()) return s;
     }
-    if (Status s = local_phase(false); !s.ok()) return s;
-    intra_ns = ns_since(*t0);
+    if (Status s = timed_local_phase(false); !s.ok()) return s;
     for (size_t left = expected_.size(); left > 0; --left) {
       auto e = next_piece();
       if (!e.ok()) return e.status();
@@ -165,11 +171,10 @@ class Across {
   // Hierarchical: gather within the server; leaders exchange the server's
   // blocks; each leader relays what it received to its server's members
   // through its shared-memory ring, piece by piece as the pieces arrive.
-  Status hierarchical(uint32_t callno, const Clock::time_point* t0) {
+  Status hierarchical(uint32_t callno) {
     const int leader = topo_.leader(topo_.mine);
     const bool am_leader = me() == leader;
-    if (Status s = local_phase(am_leader); !s.ok()) return s;
-    intra_ns = ns_since(*t0);
+    if (Status s = timed_local_phase(am_leader); !s.ok()) return s;
     const size_t chunk = call_.bytes == 0 ? 0 : max_piece(local_, call_.align);
     if (call_.bytes != 0 && chunk == 0) {
       return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte ring step", local_.label(),
@@ -263,7 +268,8 @@ Topology Topology::of(const std::vector<int>& server_of_member, int me) {
 }
 
 size_t hierarchical_min_bytes() {
-  static const size_t v = env_bytes("FG_HIER_MIN_BYTES", size_t{64} << 10);
+  // Measured on TCP loopback (docs/multinode.md): direct wins up to ~768 KB per rank.
+  static const size_t v = env_bytes("FG_HIER_MIN_BYTES", size_t{512} << 10);
   return v;
 }
 

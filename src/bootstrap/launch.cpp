@@ -141,6 +141,11 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   const int local = plan.local_ranks();
   const int first = plan.first_local_rank();
   const bool bind = should_bind(local);
+  // With the whole job fitting this host's CPUs, bind by world rank: servers
+  // simulated on one host then never share a CPU; otherwise by local index.
+  cpu_set_t allowed;
+  const bool by_world_rank = ::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 &&
+                             plan.world_size() <= CPU_COUNT(&allowed);
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int i = 0; i < local; ++i) {
@@ -152,7 +157,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
       break;
     }
     if (pid == 0) {
-      if (bind) bind_to_cpu(i);
+      if (bind) bind_to_cpu(by_world_rank ? r : i);
       ::setenv("FG_JOB_ID", job.c_str(), 1);
       ::setenv("FG_RANK", std::to_string(r).c_str(), 1);
       ::setenv("FG_WORLD_SIZE", std::to_string(plan.world_size()).c_str(), 1);

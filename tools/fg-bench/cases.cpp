@@ -28,6 +28,7 @@ class AllGatherCase : public Case {
 
   AllGatherCase(Group& g, const CaseShape& s, Form form, AllGatherOptions options = {})
       : g_(g), form_(form), options_(options) {
+    options_.stats = &stats_;
     op = form == Form::kContiguous ? "all_gather" : "all_gather_list";
     impl = form == Form::kStagedList ? "staged" : options.algorithm == AllGatherAlgorithm::kRing ? "ring" : "fastgather";
     m = s.m;
@@ -51,12 +52,14 @@ class AllGatherCase : public Case {
 
   Status run(uint64_t it) override {
     Buffers& b = sets_[it % sets_.size()];
+    Status s;
     switch (form_) {
-      case Form::kContiguous: return all_gather(g_, b.in.view(), b.out.view(), options_);
-      case Form::kList: return all_gather(g_, b.in.view(), std::span<const TensorView>(b.views), options_);
+      case Form::kContiguous: s = all_gather(g_, b.in.view(), b.out.view(), options_); break;
+      case Form::kList: s = all_gather(g_, b.in.view(), std::span<const TensorView>(b.views), options_); break;
       case Form::kStagedList: return staged(b);
     }
-    return Status::Ok();
+    account(stats_);
+    return s;
   }
   void prepare(uint64_t it) override { fill(sets_[it % sets_.size()], it); }
   std::string verify(uint64_t it) override {
@@ -132,7 +135,13 @@ class AllGatherMatmulCase : public Case {
 
   Status run(uint64_t it) override {
     const Tensor& x1 = x1_[it % x1_.size()];
-    if (fused_) return all_gather_matmul(g_, x1.view(), x2_.view(), std::nullopt, out_.view(), gather_.view());
+    if (fused_) {
+      AllGatherMatmulOptions opt;
+      opt.stats = &stats_;
+      Status s = all_gather_matmul(g_, x1.view(), x2_.view(), std::nullopt, out_.view(), gather_.view(), opt);
+      account(stats_);
+      return s;
+    }
     // Unfused: gather everything, then convert and multiply the whole matrix.
     auto t = Clock::now();
     if (Status s = all_gather(g_, x1.view(), gather_.view()); !s.ok()) return s;

@@ -30,6 +30,14 @@ class Case {
 
  protected:
   using Clock = std::chrono::steady_clock;
+  // Across servers: the call's server-local and inter-server shares.
+  void account(const CallStats& st) {
+    const std::string sched = st.schedule;
+    if (sched != "direct" && sched != "hierarchical") return;
+    phase_us["intra-server"] += st.intra_ns / 1000.0;
+    phase_us["inter-server (" + sched + ")"] += st.inter_ns / 1000.0;
+  }
+  CallStats stats_;
   // Adds the time since *t to phase `name` and moves *t to now.
   void lap(const char* name, Clock::time_point* t) {
     const auto now = Clock::now();

@@ -94,8 +94,12 @@ std::string format_phases(const std::vector<Row>& rows) {
   for (const Row& r : rows) {
     if (r.phases_us.empty()) continue;
     if (s.empty()) s = "### Where the time goes (per call, slowest rank, us)\n\n| op | impl | per-rank data | median | phases |\n|---|---|---:|---:|---|\n";
+    double total = 0;
+    for (const auto& [name, us] : r.phases_us) total += us;
     std::string ph;
-    for (const auto& [name, us] : r.phases_us) ph += fmt::format("{}{} {:.1f}", ph.empty() ? "" : ", ", name, us);
+    for (const auto& [name, us] : r.phases_us) {
+      ph += fmt::format("{}{} {:.1f} ({:.0f}%)", ph.empty() ? "" : ", ", name, us, total > 0 ? 100.0 * us / total : 0.0);
+    }
     s += fmt::format("| {} | {} | {} | {:.1f} | {} |\n", r.op, r.impl, human_bytes(static_cast<double>(r.bytes_per_rank)),
                      r.lat.median, ph);
   }
