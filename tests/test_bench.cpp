@@ -163,3 +163,67 @@ TEST(FgBench, SixRanksTpThreeDpTwoChecked) {
   EXPECT_NE(out.find("6 ranks (TP=3 DP=2, groups of 2)"), std::string::npos) << out;
   EXPECT_EQ(out.find("failed"), std::string::npos) << out;
 }
+
+TEST(LimitModel, AcrossServersTheWireOrTheServerBounds) {
+  Limits l;
+  l.rtt_ns = 200;
+  l.local = {{1024, 1.0}, {4096, 4.0}};
+  l.peer = {{1024, 2.0}, {4096, 8.0}};
+  l.wire = {{1024, 10.0}, {4096, 40.0}};
+  // 4 ranks, 2 of them on other servers: one message (40 us) plus one more block
+  // at the largest message's rate (40 us per 4096 bytes) beats the local part.
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 4, 2), 40.0 + 40.0, 1e-9);
+  // No remote blocks: the shared-memory model alone.
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 2, 0), 0.1 + 8.0 + 4.0, 1e-9);
+  // A slow server-local part wins over a fast wire.
+  l.wire = {{4096, 1.0}};
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 6, 1), 0.1 + 4 * 8.0 + 4.0, 1e-9);
+}
+
+namespace {
+bool sanitized() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+// The README's two-server run on one host: each "server" starts fg-bench
+// with its SERVER_INDEX, as on real servers; every byte checked.
+TEST(FgBench, TwoServersStartedByHandChecked) {
+  const int port = fgtest::free_port();
+  const std::string env = fmt::format("SERVER_NUM=2 MASTER_IP=127.0.0.1 PORT={} TP=2 DP=2 FG_BIND=none", port);
+  const std::string args = "-c --m 1,8 --hidden 96 --time-ms 5";
+  const std::string other = fmt::format("/tmp/fg-bench-server1-{}.txt", ::getpid());
+  const std::string cmd = fmt::format("env {} SERVER_INDEX=1 {} {} > {} 2>&1 & env {} SERVER_INDEX=0 {} {}; s=$?; wait; exit $s",
+                                      env, FG_BENCH, args, other, env, FG_BENCH, args);
+  std::string out;
+  int rc = run_bench("sh -c", "'" + cmd + "'", &out);
+  EXPECT_EQ(rc, 0) << out;
+  std::ifstream f(other);
+  std::string server1((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(server1, "") << "server 1 prints nothing; its ranks report through rank 0";
+  EXPECT_NE(out.find("2 servers (ranks 0-1 | 2-3)"), std::string::npos) << out;
+  EXPECT_NE(out.find("UCX_TLS=tcp, UCX_NET_DEVICES=lo"), std::string::npos) << out;
+  EXPECT_NE(out.find("Between servers"), std::string::npos) << out;
+  EXPECT_NE(out.find("inter-server (direct)"), std::string::npos) << out;
+  EXPECT_NE(out.find("| ok |"), std::string::npos) << out;
+  EXPECT_EQ(out.find("failed"), std::string::npos) << out;
+  std::remove(other.c_str());
+}
+
+// One command simulating three servers under mpirun: MPI_Allgather over TCP
+// beside fastgather, every byte of both checked.
+TEST(FgBench, SimulatedServersBesideMpiOverTcp) {
+  if (sanitized()) GTEST_SKIP() << "Open MPI under the sanitizers reports its own leaks";
+  std::string out;
+  int rc = run_bench(FG_BENCH, fmt::format("--compare -c --m 1,8 --hidden 96 --time-ms 5 --servers 3 --tp 1 --dp 4 --port {}",
+                                           fgtest::free_port()), &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("3 servers (ranks 0-1 | 2-2 | 3-3)"), std::string::npos) << out;
+  EXPECT_NE(out.find("btl tcp,self"), std::string::npos) << out;
+  EXPECT_NE(out.find("| mpi |"), std::string::npos) << out;
+  EXPECT_EQ(out.find("failed"), std::string::npos) << out;
+}

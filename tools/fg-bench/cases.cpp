@@ -30,7 +30,13 @@ class AllGatherCase : public Case {
       : g_(g), form_(form), options_(options) {
     options_.stats = &stats_;
     op = form == Form::kContiguous ? "all_gather" : "all_gather_list";
-    impl = form == Form::kStagedList ? "staged" : options.algorithm == AllGatherAlgorithm::kRing ? "ring" : "fastgather";
+    switch (options.algorithm) {
+      case AllGatherAlgorithm::kAuto: impl = "fastgather"; break;
+      case AllGatherAlgorithm::kRing: impl = "ring"; break;
+      case AllGatherAlgorithm::kDirect: impl = "direct"; break;
+      case AllGatherAlgorithm::kHierarchical: impl = "hierarchical"; break;
+    }
+    if (form == Form::kStagedList) impl = "staged";
     m = s.m;
     dtype = s.dtype;
     for (int v = 0; v < std::max(s.variants, 1); ++v) {
@@ -232,10 +238,10 @@ class AllGatherMatmulCase : public Case {
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous);
 }
-std::unique_ptr<Case> make_ring_all_gather(Group& g, const CaseShape& s) {
-  AllGatherOptions ring;
-  ring.algorithm = AllGatherAlgorithm::kRing;
-  return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous, ring);
+std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, AllGatherAlgorithm algorithm) {
+  AllGatherOptions o;
+  o.algorithm = algorithm;
+  return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous, o);
 }
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kList);

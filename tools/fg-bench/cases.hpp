@@ -55,8 +55,9 @@ struct CaseShape {
 };
 
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);
-// The multi-step schedule (ring, n-1 steps) of the same all-gather.
-std::unique_ptr<Case> make_ring_all_gather(Group& g, const CaseShape& s);
+// The same all-gather with a schedule forced: kRing (n-1 steps, one server),
+// kDirect or kHierarchical (across servers); impl names the schedule.
+std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, AllGatherAlgorithm algorithm);
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s);
 // What a framework's list form does: gather into a fresh flat temporary, copy
 // each block back into its list buffer, synchronise the group per call.

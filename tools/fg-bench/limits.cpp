@@ -138,8 +138,14 @@ double copy_us(const std::vector<CopyPoint>& p, size_t bytes) {
   return p.back().us * static_cast<double>(bytes) / static_cast<double>(p.back().bytes);
 }
 
-double all_gather_limit_us(const Limits& l, size_t bytes, int ranks) {
-  return l.rtt_ns / 2e3 + (ranks - 1) * copy_us(l.peer, bytes) + copy_us(l.local, bytes);
+double all_gather_limit_us(const Limits& l, size_t bytes, int ranks, int remote_blocks) {
+  const int local = ranks - remote_blocks;
+  const double shm = l.rtt_ns / 2e3 + (local - 1) * copy_us(l.peer, bytes) + copy_us(l.local, bytes);
+  if (remote_blocks == 0 || l.wire.empty()) return shm;
+  const CopyPoint& big = l.wire.back();
+  const double us_per_byte = big.bytes > 0 ? big.us / static_cast<double>(big.bytes) : 0;
+  const double wire = copy_us(l.wire, bytes) + (remote_blocks - 1) * us_per_byte * static_cast<double>(bytes);
+  return std::max(shm, wire);
 }
 
 std::string format_limits(const Limits& l) {
@@ -151,6 +157,14 @@ std::string format_limits(const Limits& l) {
     s += fmt::format("| {} | {:.2f} | {:.1f} | {:.2f} | {:.1f} |\n", human_bytes(b), l.local[i].us,
                      l.local[i].us > 0 ? b / l.local[i].us / 1e3 : 0.0, l.peer[i].us,
                      l.peer[i].us > 0 ? b / l.peer[i].us / 1e3 : 0.0);
+  }
+  if (!l.wire.empty()) {
+    s += fmt::format("\nBetween servers ({}): one message, one way (half the median round trip)\n\n"
+                     "| bytes | one way (us) | GB/s |\n|---:|---:|---:|\n", l.wire_path);
+    for (const CopyPoint& p : l.wire) {
+      const double b = static_cast<double>(p.bytes);
+      s += fmt::format("| {} | {:.2f} | {:.2f} |\n", human_bytes(b), p.us, p.us > 0 ? b / p.us / 1e3 : 0.0);
+    }
   }
   return s;
 }

@@ -7,7 +7,8 @@
 //   - bring (n-1) blocks of S bytes another core just wrote into this core's
 //     output: (n-1) * t_peer(S),
 //   - place its own block: t_local(S) (a local memcpy),
-// so limit(S, n) = rtt/2 + (n-1) * t_peer(S) + t_local(S). This is a
+// so limit(S, n) = rtt/2 + (n-1) * t_peer(S) + t_local(S). (Across servers,
+// see all_gather_limit_us.) This is a
 // single-copy bound: our two-copy shared-memory path cannot reach it, and the
 // gap is the price of the copy into the ring. The fused op adds the GEMM of
 // the gathered matrix at this machine's single-thread OpenBLAS speed.
@@ -29,6 +30,10 @@ struct Limits {
   std::vector<CopyPoint> local;     // memcpy, source and destination private and warm
   std::vector<CopyPoint> peer;      // copy of a buffer the other CPU has just written
   int cpu_a = -1, cpu_b = -1;
+  // Several servers: one-way time of one UCX message between two servers
+  // (wire.hpp), and what the transport is.
+  std::vector<CopyPoint> wire;
+  std::string wire_path;
 };
 
 // Forks a helper pinned to cpu_b; this process is pinned to cpu_a meanwhile.
@@ -37,7 +42,11 @@ Limits measure_limits(const std::vector<size_t>& sizes, int cpu_a, int cpu_b);
 // Time for one copy of `bytes`, interpolated log-log between measured sizes
 // (extrapolated linearly in bytes past the largest).
 double copy_us(const std::vector<CopyPoint>& points, size_t bytes);
-double all_gather_limit_us(const Limits& l, size_t bytes_per_rank, int ranks);
+// remote_blocks: blocks a member must receive from other servers. Across
+// servers the bound is the larger of the shared-memory part among the
+// members on one server and the wire part: one message's one-way time plus
+// the other remote blocks at the wire's measured bandwidth.
+double all_gather_limit_us(const Limits& l, size_t bytes_per_rank, int ranks, int remote_blocks = 0);
 
 std::string format_limits(const Limits& l);
 

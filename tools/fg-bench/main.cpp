@@ -3,6 +3,7 @@
 // hidden 3072 over m = 8..8192 and AllGather+MatMul fp16 with the same bytes
 // per rank, then one verdict per size.
 #include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -21,6 +23,7 @@
 #include "plot.hpp"
 #include "report.hpp"
 #include "runner.hpp"
+#include "wire.hpp"
 
 using namespace fastgather;
 using namespace fastgather::bench;
@@ -49,10 +52,10 @@ constexpr const char* kReexecMarker = "FG_BENCH_UNDER_MPIRUN";
 
 // The no-argument and --compare runs put the system MPI beside fastgather:
 // re-run this command under mpirun so both share the same processes.
-void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan) {
+void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan, bool simulate) {
   if (!mpi::built() || mpi::launched() || std::getenv(kReexecMarker) != nullptr) return;
   if (std::getenv("FG_NO_MPIRUN") != nullptr || ::access("/usr/bin/mpirun", X_OK) != 0) return;
-  if (plan.servers != 1) return;  // across servers, start it under mpirun yourself
+  if (plan.servers != 1 && !simulate) return;  // on real servers, start it under mpirun yourself
   const bool oversubscribed = plan.world_size() > sysconf(_SC_NPROCESSORS_ONLN);
   ::setenv(kReexecMarker, "1", 1);
   ::setenv("TP", std::to_string(plan.tp).c_str(), 1);
@@ -63,7 +66,13 @@ void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan) {
   std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "-np", std::to_string(plan.world_size()),
                                    "--bind-to", oversubscribed ? "none" : "core"};
   if (oversubscribed) args.push_back("--oversubscribe");
-  for (const char* v : {kReexecMarker, "TP", "DP", "PORT", "MASTER_IP", "FG_TIMEOUT_MS", "FG_TOKEN", "FG_RING_BYTES"}) {
+  if (simulate) {
+    // Simulated servers: MPI over TCP too (see mpi_line).
+    ::setenv("SERVER_NUM", std::to_string(plan.servers).c_str(), 1);
+    for (const char* a : {"--mca", "pml", "ob1", "--mca", "btl", "tcp,self"}) args.push_back(a);
+  }
+  for (const char* v : {kReexecMarker, "TP", "DP", "PORT", "MASTER_IP", "FG_TIMEOUT_MS", "FG_TOKEN", "FG_RING_BYTES",
+                        "SERVER_NUM"}) {
     if (std::getenv(v) != nullptr) {
       args.push_back("-x");
       args.push_back(v);
@@ -80,6 +89,36 @@ void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan) {
   std::fflush(nullptr);
   ::execvp("mpirun", cargs.data());
   std::fprintf(stderr, "fg-bench: could not start mpirun; running without the MPI comparator\n");
+}
+
+// Runs every server's ranks on this host, one spawner process per server, as
+// if SERVER_INDEX=0..SERVER_NUM-1 had been started by hand.
+int simulate_servers(const LaunchPlan& plan, const std::function<int(const Config&)>& body) {
+  // More ranks than CPUs: each spawner would pin its first rank to the first
+  // CPU, and so on; leave placement to the kernel instead.
+  if (plan.world_size() > sysconf(_SC_NPROCESSORS_ONLN)) ::setenv("FG_BIND", "none", 0);
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int s = 0; s < plan.servers; ++s) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      LaunchPlan p = plan;
+      p.server_index = s;
+      ::_exit(run_local_ranks(p, body));
+    }
+    if (pid < 0) {
+      std::perror("fg-bench: fork");
+      break;
+    }
+    pids.push_back(pid);
+  }
+  int failed = pids.size() == static_cast<size_t>(plan.servers) ? 0 : 1;
+  for (pid_t pid : pids) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
+  }
+  return failed;
 }
 
 void progress(bool lead, size_t done, size_t total, const Case& c) {
@@ -128,23 +167,56 @@ Result<Limits> measure_machine_limits(Communicator& comm, Group& g, const Option
   if (comm.rank() == 0) {
     std::vector<size_t> sizes = {64, 4096, 32768};
     for (int64_t m : o.ms) sizes.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
-    limits = measure_limits(sizes, cpus[0], cpus[static_cast<size_t>(g.size() > 1 ? g.ranks()[1] : 0)]);
+    int cpu_b = cpus[static_cast<size_t>(g.size() > 1 ? g.ranks()[1] : 0)];
+    if (cpu_b == cpus[0]) {
+      // Two ranks pinned to one CPU (servers simulated on a small host): a
+      // ping-pong there would measure the scheduler. Take the next CPU.
+      cpu_b = static_cast<int>((cpus[0] + 1) % std::max<long>(sysconf(_SC_NPROCESSORS_ONLN), 1));
+    }
+    limits = measure_limits(sizes, cpus[0], cpu_b);
   }
   if (Status s = barrier(comm.world()); !s.ok()) return s;
+  if (comm.config().servers > 1) {
+    std::vector<size_t> sizes = {8, 4096, 32768};
+    for (int64_t m : o.ms) sizes.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
+    auto wire = measure_wire(comm, sizes);
+    if (!wire.ok()) return wire.status();
+    limits.wire = wire.value();
+    limits.wire_path = comm.transport();
+  }
   return limits;
+}
+
+// Blocks a member of g must receive from other servers (rank 0's view).
+int remote_blocks(const Communicator& comm, const Group& g) {
+  int n = 0;
+  for (int r : g.ranks()) n += comm.config().server_of(r) != comm.config().server_index ? 1 : 0;
+  return n;
 }
 
 // For each size, the ops asked for, and with --compare the other
 // implementations of each.
-std::vector<CaseFactory> plan_cases(Group& g, const Options& o, DType ag_dtype, DType mm_dtype, bool use_mpi, bool lead) {
+std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Options& o, DType ag_dtype, DType mm_dtype,
+                                    bool use_mpi, bool lead) {
+  std::set<int> servers;
+  for (int r : g.ranks()) servers.insert(comm.config().server_of(r));
+  const bool spans = servers.size() > 1;
+  const bool one_per_server = servers.size() == g.ranks().size();
   auto wants = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
   std::vector<CaseFactory> cases;
   for (int64_t m : o.ms) {
     const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1};
     if (wants("all_gather")) {
       cases.push_back([&g, s] { return make_all_gather(g, s); });
-      // With 2 ranks a ring is the one-shot schedule; beyond, it shows what extra steps cost.
-      if (o.compare && g.size() > 2) cases.push_back([&g, s] { return make_ring_all_gather(g, s); });
+      if (o.compare && spans) {
+        // Across servers: both schedules, whichever the size chose (the same
+        // messages when every server holds one member).
+        cases.push_back([&g, s] { return make_all_gather_with(g, s, AllGatherAlgorithm::kDirect); });
+        if (!one_per_server) cases.push_back([&g, s] { return make_all_gather_with(g, s, AllGatherAlgorithm::kHierarchical); });
+      } else if (o.compare && g.size() > 2) {
+        // With 2 ranks a ring is the one-shot schedule; beyond, it shows what extra steps cost.
+        cases.push_back([&g, s] { return make_all_gather_with(g, s, AllGatherAlgorithm::kRing); });
+      }
       if (use_mpi) cases.push_back([s] { return mpi::make_all_gather(s, 0); });
     }
     if (wants("all_gather_list")) {
@@ -167,7 +239,12 @@ std::vector<CaseFactory> plan_cases(Group& g, const Options& o, DType ag_dtype, 
   return cases;
 }
 
-std::string mpi_line(bool use_mpi) {
+std::string mpi_line(bool use_mpi, int servers) {
+  if (use_mpi && servers > 1) {
+    return fmt::format("MPI comparator: {} - started with --mca pml ob1 --mca btl tcp,self: every byte over TCP, also "
+                       "between ranks of one simulated server (MPI cannot be told they share a server)\n",
+                       mpi::library_version());
+  }
   if (use_mpi) return fmt::format("MPI comparator: {}\n", mpi::library_version());
   if (!mpi::built()) return "MPI comparator: absent - fg-bench was built without MPI (install libopenmpi-dev and rebuild)\n";
   return "MPI comparator: not used - the ranks were not started by mpirun (FG_NO_MPIRUN set, or mpirun missing)\n";
@@ -185,7 +262,7 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
   };
   std::string out = fmt::format("fg-bench: {} ranks (TP={} DP={}, groups of {}), {} cores, {}\n", world, plan.tp,
                                 plan.dp, group_size, sysconf(_SC_NPROCESSORS_ONLN), cpu_model());
-  if (o.compare) out += mpi_line(use_mpi);
+  if (o.compare) out += mpi_line(use_mpi, plan.servers);
   out += "\n";
   if (limits != nullptr) out += format_limits(*limits) + "\n";
   const auto ag = select("all_gather"), agl = select("all_gather_list"), agm = select("all_gather_matmul");
@@ -258,7 +335,7 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
   }
 
   Runner runner(**comm, g, o.run);
-  const std::vector<CaseFactory> cases = plan_cases(g, o, ag_dtype, mm_dtype, use_mpi, lead);
+  const std::vector<CaseFactory> cases = plan_cases(**comm, g, o, ag_dtype, mm_dtype, use_mpi, lead);
   std::vector<Row> rows;
   for (size_t i = 0; i < cases.size(); ++i) {
     std::unique_ptr<Case> cs = cases[i]();
@@ -267,7 +344,8 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
     if (!r.ok()) return fail(r.status());
     Row row = r.value();
     if (with_limits && lead) {
-      row.limit_us = all_gather_limit_us(limits, row.bytes_per_rank, row.group_size) + cs->compute_floor_us();
+      row.limit_us = all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g)) +
+                     cs->compute_floor_us();
       row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
     }
     rows.push_back(std::move(row));
@@ -275,7 +353,16 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
   }
   if (!lead) return 0;
 
-  std::fputs(format_report(o, plan, c.world_size, g.size(), use_mpi, with_limits ? &limits : nullptr, rows).c_str(), stdout);
+  std::string head;
+  if (c.servers > 1) {
+    std::string blocks;
+    for (int srv = 0; srv < c.servers; ++srv) {
+      blocks += fmt::format("{}{}-{}", srv ? " | " : "", c.first_rank_on(srv), c.first_rank_on(srv + 1) - 1);
+    }
+    head = fmt::format("fg-bench: {} servers (ranks {}); {}\n", c.servers, blocks, (*comm)->transport());
+  }
+  std::fputs((head + format_report(o, plan, c.world_size, g.size(), use_mpi, with_limits ? &limits : nullptr, rows)).c_str(),
+             stdout);
   std::fflush(stdout);
   if (!o.json.empty()) {
     if (Status s = write_json(o.json, config_json(o, c, plan), use_mpi, limits, rows); !s.ok()) return fail(s);
@@ -305,7 +392,8 @@ int main(int argc, char** argv) {
   app.add_option("--tp", plan.tp, "tensor-parallel size: tp concurrent groups (env TP)");
   app.add_option("--dp", plan.dp, "ranks per group (env DP)");
   app.add_option("--servers", plan.servers, "servers in the job (env SERVER_NUM)");
-  app.add_option("--server-index", plan.server_index, "this server (env SERVER_INDEX)");
+  auto* server_index_opt = app.add_option("--server-index", plan.server_index,
+                                          "this server (env SERVER_INDEX; unset with SERVER_NUM > 1: simulate all servers here)");
   app.add_option("--master", plan.master_ip, "rendezvous host (env MASTER_IP)");
   app.add_option("--port", plan.port, "rendezvous port (env PORT)");
   app.add_option("--timeout-ms", plan.timeout_ms, "peer timeout (env FG_TIMEOUT_MS)");
@@ -329,6 +417,7 @@ int main(int argc, char** argv) {
   app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples");
   app.add_flag("--dv", o.dv, "data-varying: cycle 8 buffer sets so caches are not flattering");
   CLI11_PARSE(app, argc, argv);
+  const bool server_index_given = server_index_opt->count() > 0;
   if (argc == 1) o.compare = true;
   if (o.no_compare) o.compare = false;
 
@@ -338,6 +427,10 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "fg-bench: --mm-dtype must be fp16, bf16 or fp32\n"), 2;
   }
   if (Status s = plan.validate(); !s.ok()) return std::fprintf(stderr, "fg-bench: %s\n", s.to_string().c_str()), 2;
-  if (o.compare) maybe_reexec_under_mpirun(argc, argv, plan);
+  // SERVER_NUM > 1 with no SERVER_INDEX: every server's ranks on this host
+  // (simulated servers, UCX over TCP loopback between them).
+  const bool simulate = plan.servers > 1 && std::getenv("SERVER_INDEX") == nullptr && !server_index_given;
+  if (o.compare) maybe_reexec_under_mpirun(argc, argv, plan, simulate);
+  if (simulate && !mpi::launched()) return simulate_servers(plan, [&](const Config& c) { return run_rank(c, o, plan); });
   return run_local_ranks(plan, [&](const Config& c) { return run_rank(c, o, plan); });
 }
