@@ -1,5 +1,7 @@
 // Collectives on a Group. Every member calls the same op with matching
 // sizes and dtypes; a disagreement is an ErrorKind::kMismatch on every member.
+// Within a server the group stays usable after a mismatch; a group that spans
+// servers stays failed after any error (messages may still be in flight).
 #pragma once
 
 #include <optional>

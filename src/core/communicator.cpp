@@ -129,8 +129,8 @@ void Communicator::Impl::close_network() {
     return true;
   };
   while (!all_closed() && Clock::now() < until) ucx->progress();
-  if (!healthy) return;
-  if (!store->add("ucx/closed", 1).ok()) return;
+  // Counted even when failed, so that healthy ranks do not wait for us.
+  if (!store->add("ucx/closed", 1).ok() || !healthy) return;
   while (Clock::now() < until) {
     auto done = store->add("ucx/closed", 0);
     if (!done.ok() || done.value() >= config.world_size) return;
