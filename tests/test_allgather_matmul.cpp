@@ -153,7 +153,7 @@ TEST(AllGatherMatmulAcrossServers, MatchesReferenceGemm) {
   struct Shape {
     int servers, world, tp;
   };
-  for (Shape sh : {Shape{2, 4, 2}, Shape{2, 4, 1}, Shape{3, 4, 1}}) {
+  for (Shape sh : {Shape{2, 4, 2}, Shape{2, 4, 1}, Shape{3, 4, 2}, Shape{3, 4, 1}}) {
     for (auto algo : {AllGatherAlgorithm::kDirect, AllGatherAlgorithm::kHierarchical}) {
       for (DType d : {DType::kF32, DType::kBF16}) {
         // 300 rows of 1 KiB (fp32) per rank and a 64 KiB ring: several network pieces and relay steps.
