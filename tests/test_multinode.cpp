@@ -192,3 +192,32 @@ TEST(AcrossServersFaults, MissingServerTimesOut) {
   }, jo);
   fgtest::expect_all_ok(results);
 }
+
+// Different groups may be driven from different threads at once (the API's
+// promise): each group across servers has its own UCX worker. Each rank runs
+// the world group in one thread and its TP group in another.
+TEST(AcrossServers, TwoGroupsDrivenFromTwoThreadsAtOnce) {
+  for (int servers : {1, 2}) {
+    fgtest::JobOptions jo;
+    jo.servers = servers;
+    jo.timeout = std::chrono::milliseconds(20000);
+    auto results = fgtest::run_job(4, [&](const Config& c) -> std::string {
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      auto sub = (*comm)->tp_group_of_dp(2, 2);
+      RANK_OK(sub.status());
+      std::string errors[2];
+      auto drive = [&](Group* g, int which) {
+        for (uint64_t it = 0; it < 150 && errors[which].empty(); ++it) {
+          const size_t bytes = it % 3 == 0 ? 40000 : it % 3 == 1 ? 24 : 700000;
+          errors[which] = both_forms(*g, bytes, AllGatherAlgorithm::kAuto, it * 2 + which);
+        }
+      };
+      std::thread other(drive, sub.value(), 1);
+      drive(&(*comm)->world(), 0);
+      other.join();
+      return errors[0] + errors[1];
+    }, jo);
+    fgtest::expect_all_ok(results);
+  }
+}

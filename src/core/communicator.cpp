@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -94,7 +95,10 @@ struct Communicator::Impl {
   std::unique_ptr<bootstrap::TcpStoreServer> server;  // world rank 0 only
   std::unique_ptr<bootstrap::TcpStoreClient> store;
   std::string job_id;
-  std::unique_ptr<transport::UcxWorker> ucx;  // several servers only; outlives the groups
+  std::unique_ptr<transport::UcxContext> ucx;  // several servers only; outlives the groups
+  // The store client is not thread-safe; groups that fail in different
+  // threads publish and read failure reasons through it.
+  std::mutex store_mu;
   bool loopback = false;                       // all servers on this one host (simulated)
   std::vector<std::unique_ptr<Group>> groups;  // groups[0]: world
   std::map<std::vector<int>, int> created;     // how often each member list was built
@@ -128,14 +132,19 @@ void Communicator::Impl::close_network() {
     }
     return true;
   };
-  while (!all_closed() && Clock::now() < until) ucx->progress();
+  auto progress_all = [&] {
+    for (auto& g : groups) {
+      if (auto* net = g->impl()->net.get()) net->progress();
+    }
+  };
+  while (!all_closed() && Clock::now() < until) progress_all();
   // Counted even when failed, so that healthy ranks do not wait for us.
   if (!store->add("ucx/closed", 1).ok() || !healthy) return;
   while (Clock::now() < until) {
     auto done = store->add("ucx/closed", 0);
     if (!done.ok() || done.value() >= config.world_size) return;
     for (int i = 0; i < 50; ++i) {
-      ucx->progress();
+      progress_all();
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
@@ -158,7 +167,7 @@ std::string host_identity() {
 
 }  // namespace
 
-// Several servers: a UCX worker per rank, its address in the store. When
+// Several servers: a UCX context per rank (a worker per group). When
 // another server turns out to be this very host (servers simulated on one
 // machine), UCX is kept to TCP on loopback so that nothing between servers
 // goes through shared memory.
@@ -171,10 +180,10 @@ Status Communicator::Impl::start_network(Clock::time_point dl) {
     if (!other.ok()) return other.status();
     if (other.value() == host) loopback = true;
   }
-  auto worker = transport::UcxWorker::create({.loopback = loopback});
-  if (!worker.ok()) return worker.status();
-  ucx = std::move(worker).value();
-  return store->set(fmt::format("ucx/{}", config.rank), ucx->address());
+  auto context = transport::UcxContext::create({.loopback = loopback});
+  if (!context.ok()) return context.status();
+  ucx = std::move(context).value();
+  return Status::Ok();
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -251,6 +260,7 @@ Result<Group*> Communicator::tp_group_of_dp(int tp, int dp) {
 }
 
 Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
+  std::lock_guard<std::mutex> store_lock(store_mu);
   const int me_world = config.rank;
   const std::string label = fmt::format("group [{}]", fmt::join(ranks, ","));
   auto invalid = [&](const std::string& why) {
@@ -342,23 +352,30 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
       if (!got.ok()) return where(got.status());
       id = got.value();
     }
+    // The group's own worker: its address goes through the store.
+    auto worker = transport::UcxWorker::create(*ucx);
+    if (!worker.ok()) return where(worker.status());
+    if (Status s = store->set(fmt::format("{}/ucx/{}", key, me_world), worker.value()->address()); !s.ok()) return where(s);
     std::vector<std::string> addresses(ranks.size());
     for (int m = 0; m < n; ++m) {
       if (server_of_member[m] == config.server_index) continue;
-      auto addr = store->get(fmt::format("ucx/{}", ranks[m]), dl);
+      auto addr = store->get(fmt::format("{}/ucx/{}", key, ranks[m]), dl);
       if (!addr.ok()) return where(addr.status());
       addresses[m] = std::move(addr).value();
     }
-    auto net = transport::NetChannel::connect(*ucx, static_cast<uint16_t>(std::stoi(id)), ranks, me, addresses, policy,
-                                              label);
+    auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(std::stoi(id)), ranks, me,
+                                              addresses, policy, label);
     if (!net.ok()) return where(net.status());
     impl->net = std::move(net).value();
     bootstrap::TcpStoreClient* st = store.get();
+    std::mutex* mu = &store_mu;
     const std::string fail_key = key + "/failure";
-    impl->publish_failure = [st, fail_key](const Status& s) {
+    impl->publish_failure = [st, mu, fail_key](const Status& s) {
+      std::lock_guard<std::mutex> lock(*mu);
       (void)st->set(fail_key, fmt::format("{}\n{}", static_cast<int>(s.kind()), s.message()));
     };
-    impl->published_failure = [st, fail_key]() -> std::optional<Status> {
+    impl->published_failure = [st, mu, fail_key]() -> std::optional<Status> {
+      std::lock_guard<std::mutex> lock(*mu);
       // Published before that member closed its endpoints: if it is not there now, it will not come.
       auto v = st->get(fail_key, Clock::now() + std::chrono::milliseconds(10));
       if (!v.ok()) return std::nullopt;  // nobody said why: a crash, most likely

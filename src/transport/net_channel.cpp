@@ -39,25 +39,48 @@ uint64_t make_tag(uint16_t group, int owner, uint32_t call, uint32_t piece) {
 
 // ------------------------------------------------------------- UcxWorker
 
-struct UcxWorker::Impl {
+struct UcxContext::Impl {
   ucp_context_h context = nullptr;
+  std::string describe;
+  ~Impl() {
+    if (context != nullptr) ucp_cleanup(context);
+  }
+};
+
+UcxContext::UcxContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxContext::~UcxContext() = default;
+const std::string& UcxContext::describe() const { return impl_->describe; }
+
+struct UcxWorker::Impl {
   ucp_worker_h worker = nullptr;
   int efd = -1;
   std::string address;
-  std::string describe;
-
   ~Impl() {
     if (worker != nullptr) ucp_worker_destroy(worker);
-    if (context != nullptr) ucp_cleanup(context);
   }
 };
 
 UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxWorker::~UcxWorker() = default;
 const std::string& UcxWorker::address() const { return impl_->address; }
-const std::string& UcxWorker::describe() const { return impl_->describe; }
 
-Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const Options& options) {
+Result<std::unique_ptr<UcxWorker>> UcxWorker::create(UcxContext& context) {
+  auto impl = std::make_unique<Impl>();
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucs_status_t st = ucp_worker_create(context.impl()->context, &wp, &impl->worker);
+  if (st != UCS_OK) return ucx_error("creating a UCX worker", st);
+  if (st = ucp_worker_get_efd(impl->worker, &impl->efd); st != UCS_OK) return ucx_error("getting the UCX worker's event fd", st);
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  if (st = ucp_worker_get_address(impl->worker, &addr, &len); st != UCS_OK) return ucx_error("getting the UCX worker address", st);
+  impl->address.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(impl->worker, addr);
+  return std::unique_ptr<UcxWorker>(new UcxWorker(std::move(impl)));
+}
+
+Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
   auto impl = std::make_unique<Impl>();
   // 256 KiB TCP segments instead of 8 KiB: 3 MB per rank 3.5 -> 2.6 ms here.
   // A transport-level setting, which ucp_config_modify() did not reach in
@@ -101,19 +124,9 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const Options& options) {
   ucp_config_release(config);
   if (st != UCS_OK) return ucx_error("initialising UCX", st);
 
-  ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  if (st = ucp_worker_create(impl->context, &wp, &impl->worker); st != UCS_OK) return ucx_error("creating a UCX worker", st);
-  if (st = ucp_worker_get_efd(impl->worker, &impl->efd); st != UCS_OK) return ucx_error("getting the UCX worker's event fd", st);
-  ucp_address_t* addr = nullptr;
-  size_t len = 0;
-  if (st = ucp_worker_get_address(impl->worker, &addr, &len); st != UCS_OK) return ucx_error("getting the UCX worker address", st);
-  impl->address.assign(reinterpret_cast<const char*>(addr), len);
-  ucp_worker_release_address(impl->worker, addr);
   impl->describe = fmt::format("UCX {}, UCX_TLS={}, UCX_NET_DEVICES={}{}{}", ucp_get_version_string(), tls, devices,
                                extra, options.loopback ? " (simulated servers on one host: loopback)" : "");
-  return std::unique_ptr<UcxWorker>(new UcxWorker(std::move(impl)));
+  return std::unique_ptr<UcxContext>(new UcxContext(std::move(impl)));
 }
 
 // ------------------------------------------------------------ NetChannel
@@ -141,6 +154,7 @@ struct Op {
 }  // namespace
 
 struct NetChannel::Impl {
+  std::unique_ptr<UcxWorker> owned;  // destroyed after the endpoints (see ~NetChannel)
   UcxWorker::Impl* w = nullptr;
   uint16_t group = 0;
   std::vector<Endpoint> eps;  // sized once: UCX holds pointers to its elements
@@ -215,7 +229,7 @@ struct NetChannel::Impl {
   }
 };
 
-Result<std::unique_ptr<NetChannel>> NetChannel::connect(UcxWorker& worker, uint16_t group_id,
+Result<std::unique_ptr<NetChannel>> NetChannel::connect(std::unique_ptr<UcxWorker> worker, uint16_t group_id,
                                                         std::vector<int> world_ranks, int me,
                                                         const std::vector<std::string>& addresses, WaitPolicy policy,
                                                         std::string label) {
@@ -225,7 +239,8 @@ Result<std::unique_ptr<NetChannel>> NetChannel::connect(UcxWorker& worker, uint1
   }
   std::unique_ptr<NetChannel> ch(new NetChannel());
   ch->impl_ = std::make_unique<Impl>();
-  ch->impl_->w = worker.impl();
+  ch->impl_->w = worker->impl();
+  ch->impl_->owned = std::move(worker);
   ch->impl_->group = group_id;
   ch->impl_->eps.resize(world_ranks.size());
   ch->world_ranks_ = std::move(world_ranks);
@@ -257,7 +272,7 @@ void NetChannel::begin_close() { impl_->close_endpoints(broken_.ok()); }
 
 bool NetChannel::closed() { return impl_->settled(); }
 
-void UcxWorker::progress() { ucp_worker_progress(impl_->worker); }
+void NetChannel::progress() { ucp_worker_progress(impl_->w->worker); }
 
 Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov) {
   if (!broken_.ok()) return broken_;

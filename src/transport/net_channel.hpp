@@ -1,6 +1,6 @@
-// How bytes cross servers: UCX (UCP tag matching). One UcxWorker per
-// process; one NetChannel per group that spans servers, with its own
-// endpoints to the group's members on other servers, so that a failure
+// How bytes cross servers: UCX (UCP tag matching). One UcxContext per
+// process; one NetChannel per group that spans servers, with its own worker
+// and endpoints to the group's members on other servers, so that a failure
 // breaks only the groups that lost a member.
 //
 // A message is identified by its tag: group id (16 bits), the member whose
@@ -33,23 +33,40 @@ struct NetIov {
   size_t len;
 };
 
-class UcxWorker {
+// One per process: UCX's context (transports, their configuration).
+class UcxContext {
  public:
   struct Options {
     // All servers share this host (simulated servers): keep UCX to TCP on the
     // loopback device, unless UCX_TLS / UCX_NET_DEVICES say otherwise.
     bool loopback = false;
   };
-  static Result<std::unique_ptr<UcxWorker>> create(const Options& options);
+  static Result<std::unique_ptr<UcxContext>> create(const Options& options);
+  ~UcxContext();
+  UcxContext(const UcxContext&) = delete;
+  UcxContext& operator=(const UcxContext&) = delete;
+  // "UCX 1.13.1, UCX_TLS=tcp, ..." and the like.
+  const std::string& describe() const;
+
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  explicit UcxContext(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One per group that spans servers (owned by its NetChannel): groups never
+// share a worker, so different groups may be driven from different threads,
+// and one group's failure or traffic never touches another's.
+class UcxWorker {
+ public:
+  static Result<std::unique_ptr<UcxWorker>> create(UcxContext& context);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
-
   // The worker's address, to publish through the rendezvous store.
   const std::string& address() const;
-  // "UCX 1.13.1, UCX_TLS=tcp, ..." and the like.
-  const std::string& describe() const;
-  void progress();
 
   struct Impl;
   Impl* impl() const { return impl_.get(); }
@@ -63,7 +80,7 @@ class NetChannel {
  public:
   // world_ranks[m] names member m; addresses[m] is its worker address ("" for
   // members this member never talks to over the network, itself included).
-  static Result<std::unique_ptr<NetChannel>> connect(UcxWorker& worker, uint16_t group_id,
+  static Result<std::unique_ptr<NetChannel>> connect(std::unique_ptr<UcxWorker> worker, uint16_t group_id,
                                                      std::vector<int> world_ranks, int me,
                                                      const std::vector<std::string>& addresses, WaitPolicy policy,
                                                      std::string label);
@@ -104,6 +121,7 @@ class NetChannel {
   // last bytes are lost to a peer that has already gone.
   void begin_close();
   bool closed();  // polls; true once every close has completed
+  void progress();
 
   struct Impl;
 

@@ -14,11 +14,15 @@ Result<std::vector<CopyPoint>> measure_wire(Communicator& comm, const std::vecto
   const Config& c = comm.config();
   const int peer = c.first_rank_on(1);
   const bool active = c.rank == 0 || c.rank == peer;
+  std::unique_ptr<transport::UcxContext> context;
   std::unique_ptr<transport::UcxWorker> worker;
   constexpr size_t kSlot = 4096;
   std::vector<char> mine(kSlot, 0), all(kSlot * static_cast<size_t>(c.world_size), 0);
   if (active) {
-    auto w = transport::UcxWorker::create({.loopback = comm.transport().find("simulated") != std::string::npos});
+    auto ctx = transport::UcxContext::create({.loopback = comm.transport().find("simulated") != std::string::npos});
+    if (!ctx.ok()) return ctx.status();
+    context = std::move(ctx).value();
+    auto w = transport::UcxWorker::create(*context);
     if (!w.ok()) return w.status();
     worker = std::move(w).value();
     const std::string& a = worker->address();
@@ -40,7 +44,7 @@ Result<std::vector<CopyPoint>> measure_wire(Communicator& comm, const std::vecto
     std::vector<std::string> addresses(2);
     const int me = c.rank == 0 ? 0 : 1;
     addresses[1 - me].assign(all.data() + static_cast<size_t>(other) * kSlot + 4, len);
-    auto ch = transport::NetChannel::connect(*worker, 1, {0, peer}, me, addresses,
+    auto ch = transport::NetChannel::connect(std::move(worker), 1, {0, peer}, me, addresses,
                                              transport::WaitPolicy::for_members(2, c.timeout), "wire");
     if (!ch.ok()) return ch.status();
     transport::NetChannel& net = *ch.value();
