@@ -291,6 +291,7 @@ Status write_json(const std::string& path, nlohmann::json config, bool use_mpi, 
     config["limits"]["copy"].push_back(
         {{"bytes", limits.local[i].bytes}, {"local_us", limits.local[i].us}, {"peer_us", limits.peer[i].us}});
   }
+  for (const CopyPoint& p : limits.wire) config["limits"]["wire"].push_back({{"bytes", p.bytes}, {"one_way_us", p.us}});
   std::ofstream f(path);
   f << report_json(config, rows).dump(2) << "\n";
   if (!f) return {ErrorKind::kSystem, "cannot write " + path};
@@ -365,7 +366,9 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
              stdout);
   std::fflush(stdout);
   if (!o.json.empty()) {
-    if (Status s = write_json(o.json, config_json(o, c, plan), use_mpi, limits, rows); !s.ok()) return fail(s);
+    nlohmann::json config = config_json(o, c, plan);
+    config["transport"] = (*comm)->transport();
+    if (Status s = write_json(o.json, config, use_mpi, limits, rows); !s.ok()) return fail(s);
   }
   if (!o.plot.empty()) {
     if (Status s = plot(rows, o.plot, fmt::format("fg-bench: {} ranks, {}", c.world_size, cpu_model())); !s.ok()) return fail(s);
