@@ -1,4 +1,5 @@
-// The algorithm layer's decisions: the protocol table and the learned copy-in.
+// The algorithm layer's decisions: the protocol table, the learned copy-in,
+// and across servers the topology, the schedule choice and the piece size.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "algo/allgather.hpp"
+#include "algo/allgather_net.hpp"
 #include "algo/copy_in.hpp"
 
 using namespace fastgather::algo;
@@ -77,4 +79,43 @@ TEST(CopyIntoRing, BothWaysCopyEveryByte) {
       EXPECT_EQ(static_cast<int>(dst[len]), 0) << "wrote past the end at " << len;
     }
   }
+}
+
+TEST(Topology, ServersAreRunsOfConsecutiveMembers) {
+  // Members' servers, e.g. TP=1 DP=4 on 3 servers: ranks 0-1 | 2 | 3.
+  Topology t = Topology::of({0, 0, 1, 2}, 1);
+  EXPECT_EQ(t.servers(), 3);
+  EXPECT_EQ(t.members(), 4);
+  EXPECT_EQ(t.mine, 0);
+  EXPECT_EQ(t.local_count(), 2);
+  EXPECT_TRUE(t.local(0));
+  EXPECT_FALSE(t.local(2));
+  EXPECT_EQ(t.server_of(3), 2);
+  EXPECT_EQ(t.leader(1), 2);
+  EXPECT_FALSE(t.one_per_server());
+  // A TP group with one member per server: [0,2] over servers 0 and 1.
+  Topology u = Topology::of({0, 1}, 1);
+  EXPECT_TRUE(u.one_per_server());
+  EXPECT_EQ(u.mine, 1);
+}
+
+TEST(ScheduleChoice, DirectWhenSmallOrOnePerServerHierarchicalWhenLarge) {
+  Topology two_per_server = Topology::of({0, 0, 1, 1}, 0);
+  Topology one_per_server = Topology::of({0, 1}, 0);
+  const size_t big = hierarchical_min_bytes();
+  EXPECT_EQ(choose_schedule(two_per_server, 98304, Schedule::kOneShot), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kOneShot), Schedule::kHierarchical);
+  EXPECT_EQ(choose_schedule(one_per_server, big, Schedule::kOneShot), Schedule::kDirect);
+  // Forced schedules are kept, except that nothing (0 bytes) is never relayed.
+  EXPECT_EQ(choose_schedule(two_per_server, 8, Schedule::kHierarchical), Schedule::kHierarchical);
+  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kDirect), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, 0, Schedule::kHierarchical), Schedule::kDirect);
+}
+
+TEST(NetPieces, WholeRowsAndAtMost65536Pieces) {
+  EXPECT_EQ(net_piece_bytes(100, 1), size_t{1} << 20);
+  EXPECT_EQ(net_piece_bytes(size_t{8} << 20, 3000) % 3000, 0u);        // whole rows
+  EXPECT_EQ(net_piece_bytes(100, size_t{3} << 20), size_t{3} << 20);     // a row larger than a piece
+  const size_t huge = size_t{1} << 37;                                   // 128 GiB: pieces grow
+  EXPECT_LE((huge + net_piece_bytes(huge, 1) - 1) / net_piece_bytes(huge, 1), size_t{1} << 16);
 }

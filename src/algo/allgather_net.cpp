@@ -275,6 +275,8 @@ size_t hierarchical_min_bytes() {
 }
 
 Schedule choose_schedule(const Topology& topo, size_t bytes, Schedule requested) {
+  // Nothing to relay: only direct lets every member see every other member's header.
+  if (bytes == 0) return Schedule::kDirect;
   if (requested == Schedule::kDirect || requested == Schedule::kHierarchical) return requested;
   if (topo.one_per_server()) return Schedule::kDirect;  // nothing to relay: the same messages
   return bytes >= hierarchical_min_bytes() ? Schedule::kHierarchical : Schedule::kDirect;
