@@ -103,7 +103,7 @@ TEST(ScheduleChoice, DirectWhenSmallOrOnePerServerHierarchicalWhenLarge) {
   Topology two_per_server = Topology::of({0, 0, 1, 1}, 0);
   Topology one_per_server = Topology::of({0, 1}, 0);
   const size_t big = hierarchical_min_bytes();
-  EXPECT_EQ(choose_schedule(two_per_server, 98304, Schedule::kOneShot), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, big - 1, Schedule::kOneShot), Schedule::kDirect);
   EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kOneShot), Schedule::kHierarchical);
   EXPECT_EQ(choose_schedule(one_per_server, big, Schedule::kOneShot), Schedule::kDirect);
   // Forced schedules are kept, except that nothing (0 bytes) is never relayed.

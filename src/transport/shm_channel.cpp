@@ -177,19 +177,24 @@ Status ShmChannel::slow_wait(int member, uint64_t step, const PostLine& line) {
       if (ready()) return Status::Ok();
       FG_PAUSE();
     }
+    if (idle_) idle_();
   }
   // 2. Yield: let a peer sharing our core run.
   while (Clock::now() - start < policy_.spin + policy_.yield) {
     if (ready()) return Status::Ok();
+    if (idle_) idle_();
     ::sched_yield();
   }
-  // 3. Sleep on the member's futex, checking health between sleeps.
+  // 3. Sleep on the member's futex, checking health between sleeps (in
+  // short slices while there is other work to keep going).
   MemberLine& w = ctl(member).wake;
-  constexpr auto kSlice = std::chrono::milliseconds(10);
+  const std::chrono::nanoseconds slice = idle_ ? std::chrono::nanoseconds(std::chrono::microseconds(100))
+                                               : std::chrono::nanoseconds(std::chrono::milliseconds(10));
   for (;;) {
+    if (idle_) idle_();
     uint32_t seen = w.futex_word.load(std::memory_order_acquire);
     w.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (!ready()) futex_wait(&w.futex_word, seen, kSlice);
+    if (!ready()) futex_wait(&w.futex_word, seen, slice);
     w.sleepers.fetch_sub(1, std::memory_order_relaxed);
     if (ready()) return Status::Ok();
 

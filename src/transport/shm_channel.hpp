@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -110,6 +111,9 @@ class ShmChannel {
   void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0);
   // Waits until `member` has posted `step`. Errors are sticky (see broken()).
   Result<const PostLine*> wait(int member, uint64_t step);
+  // Work to do while waiting (another transport's progress), or null. While
+  // set, waits sleep in short slices so that the work goes on.
+  void set_idle(std::function<void()> idle) { idle_ = std::move(idle); }
 
   // A group that timed out or lost a member stays broken: every later call
   // returns the same error, and peers see this member as aborted.
@@ -135,6 +139,7 @@ class ShmChannel {
   std::vector<int> pidfds_;
   std::vector<int> pids_;
   Status broken_;
+  std::function<void()> idle_;
 };
 
 }  // namespace fastgather::transport
