@@ -193,9 +193,10 @@ class Across {
     return net_.wait_sends();
   }
 
-  // Hierarchical: gather within the server; leaders exchange the server's
-  // blocks; each leader relays what it received to its server's members
-  // through its shared-memory ring, piece by piece as the pieces arrive.
+  // Hierarchical: the leader posts its receives, then gathers within the
+  // server, sending each local piece on to the other leaders as it lands;
+  // it relays what it receives to its server's members through its
+  // shared-memory ring, piece by piece as the pieces arrive.
   Status hierarchical(uint32_t callno) {
     const int leader = topo_.leader(topo_.mine);
     const bool am_leader = me() == leader;
