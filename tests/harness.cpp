@@ -148,6 +148,13 @@ std::vector<std::string> segments_of(const std::vector<RankResult>& ranks) {
 }  // namespace fgtest
 
 namespace fgtest {
+fastgather::Status gather_bytes(fastgather::Group& g, size_t bytes, fastgather::DType dtype) {
+  using namespace fastgather;
+  const int64_t count = static_cast<int64_t>(bytes / dtype_size(dtype));
+  Tensor in = Tensor::zeros(dtype, {count}), out = Tensor::zeros(dtype, {count * g.size()});
+  return all_gather(g, in.view(), out.view());
+}
+
 std::string gather_mixed_sizes(const fastgather::Config& c, int tp, int dp, std::vector<size_t> sizes,
                                uint64_t iterations) {
   using namespace fastgather;

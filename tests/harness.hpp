@@ -47,6 +47,10 @@ long long check_pattern(const void* src, size_t bytes, int rank, uint64_t iterat
 std::string gather_mixed_sizes(const fastgather::Config& c, int tp, int dp, std::vector<size_t> sizes,
                                uint64_t iterations);
 
+// One all-gather of `bytes` of zeros per rank into a fresh output; for tests
+// that care about the status (errors, timing), not the data.
+fastgather::Status gather_bytes(fastgather::Group& g, size_t bytes, fastgather::DType dtype = fastgather::DType::kU8);
+
 // Names in /dev/shm that fastgather made (fg-*).
 std::vector<std::string> fg_segments();
 // Segments created by any of these ranks' processes.

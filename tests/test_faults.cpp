@@ -17,13 +17,9 @@ using namespace fastgather;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-namespace {
+using fgtest::gather_bytes;
 
-Status gather_bytes(Group& g, size_t bytes, DType dtype = DType::kU8) {
-  const int64_t count = static_cast<int64_t>(bytes / dtype_size(dtype));
-  Tensor in = Tensor::zeros(dtype, {count}), out = Tensor::zeros(dtype, {count * g.size()});
-  return all_gather(g, in.view(), out.view());
-}
+namespace {
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 

@@ -17,6 +17,7 @@
 using namespace fastgather;
 using fgtest::check_pattern;
 using fgtest::fill_pattern;
+using fgtest::gather_bytes;
 
 namespace {
 
@@ -92,17 +93,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, AcrossServers,
                                            Layout{3, 2, 3}),
                          [](const auto& info) { return layout_name(info.param); });
 
-namespace {
-
 using Clock = std::chrono::steady_clock;
-
-Status gather_bytes(Group& g, size_t bytes) {
-  Tensor in = Tensor::zeros(DType::kU8, {static_cast<int64_t>(bytes)});
-  Tensor out = Tensor::zeros(DType::kU8, {static_cast<int64_t>(bytes) * g.size()});
-  return all_gather(g, in.view(), out.view());
-}
-
-}  // namespace
 
 // A rank on another server disagreeing on the size: every member reports the
 // mismatch with both sizes; nobody hangs, and the group stays failed

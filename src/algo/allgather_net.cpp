@@ -126,12 +126,18 @@ class Across {
     return s;
   }
 
+  // Sends piece p of `owner`'s block, whose bytes start at block_start, to
+  // member `to`, behind this member's header (the header alone for 0 bytes).
+  Status send_piece(uint32_t callno, int to, int owner, uint32_t p, const std::byte* block_start) {
+    NetIov iov[2] = {{const_cast<PostHeader*>(&mine_), sizeof(PostHeader)},
+                     {const_cast<std::byte*>(block_start) + pieces_.offset(p), pieces_.length(p)}};
+    return net_.send(to, owner, callno, p, std::span(iov, call_.bytes == 0 ? 1 : 2));
+  }
+
   // Sends every piece of `owner`'s block, read from src, to member `to`.
   Status send_block(uint32_t callno, int to, int owner, const std::byte* src) {
     for (uint32_t p = 0; p < pieces_.count(); ++p) {
-      NetIov iov[2] = {{const_cast<PostHeader*>(&mine_), sizeof(PostHeader)},
-                       {const_cast<std::byte*>(src) + pieces_.offset(p), pieces_.length(p)}};
-      if (Status s = net_.send(to, owner, callno, p, std::span(iov, call_.bytes == 0 ? 1 : 2)); !s.ok()) return s;
+      if (Status s = send_piece(callno, to, owner, p, src); !s.ok()) return s;
     }
     return Status::Ok();
   }
@@ -143,12 +149,7 @@ class Across {
     for (; next < pieces_.count() && pieces_.offset(next) + pieces_.length(next) <= upto; ++next) {
       for (int slot = 0; slot < topo_.servers(); ++slot) {
         if (slot == topo_.mine) continue;
-        NetIov iov[2] = {{const_cast<PostHeader*>(&mine_), sizeof(PostHeader)},
-                         {landing(member, pieces_.offset(next)), pieces_.length(next)}};
-        if (Status s = net_.send(topo_.leader(slot), member, callno, next, std::span(iov, call_.bytes == 0 ? 1 : 2));
-            !s.ok()) {
-          return s;
-        }
+        if (Status s = send_piece(callno, topo_.leader(slot), member, next, landing(member, 0)); !s.ok()) return s;
       }
     }
     return Status::Ok();

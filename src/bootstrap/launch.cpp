@@ -52,15 +52,19 @@ bool launcher_rank(int* rank, int* size) {
   return false;
 }
 
-// Like Open MPI's default binding: with no more ranks than CPUs, rank i stays
-// on the i-th allowed CPU, so two ranks never share a core and caches stay warm.
-// FG_BIND=none turns it off.
-bool should_bind(int local_ranks) {
+// CPUs this process may run on (0 if unknown).
+int allowed_cpus() {
+  cpu_set_t set;
+  return ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+// Like Open MPI's default binding: with no more ranks than CPUs, each rank
+// stays on one allowed CPU, so two ranks never share a core and caches stay
+// warm. FG_BIND=none turns it off.
+bool should_bind(int local_ranks, int cpus) {
   const char* v = std::getenv("FG_BIND");
   if (v != nullptr && std::string(v) == "none") return false;
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return false;
-  return local_ranks <= CPU_COUNT(&set);
+  return local_ranks <= cpus;
 }
 
 void bind_to_cpu(int local_index) {
@@ -140,12 +144,11 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   const std::string job = fmt::format("{:08x}{:08x}", rd(), rd());
   const int local = plan.local_ranks();
   const int first = plan.first_local_rank();
-  const bool bind = should_bind(local);
+  const int cpus = allowed_cpus();
+  const bool bind = should_bind(local, cpus);
   // With the whole job fitting this host's CPUs, bind by world rank: servers
   // simulated on one host then never share a CPU; otherwise by local index.
-  cpu_set_t allowed;
-  const bool by_world_rank = ::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 &&
-                             plan.world_size() <= CPU_COUNT(&allowed);
+  const bool by_world_rank = plan.world_size() <= cpus;
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int i = 0; i < local; ++i) {

@@ -154,6 +154,13 @@ nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& 
 
 using CaseFactory = std::function<std::unique_ptr<Case>()>;
 
+// The sizes a limits table measures: a few small ones, then each row's
+// per-rank bytes (past 16 MiB the copy times are extrapolated).
+std::vector<size_t> limit_sizes(const Options& o, DType ag_dtype, std::vector<size_t> small) {
+  for (int64_t m : o.ms) small.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
+  return small;
+}
+
 // Rank 0 measures between the CPUs of its group's first two members while
 // everyone else waits at a barrier. Collective over the world.
 Result<Limits> measure_machine_limits(Communicator& comm, Group& g, const Options& o, DType ag_dtype) {
@@ -165,8 +172,7 @@ Result<Limits> measure_machine_limits(Communicator& comm, Group& g, const Option
   }
   Limits limits;
   if (comm.rank() == 0) {
-    std::vector<size_t> sizes = {64, 4096, 32768};
-    for (int64_t m : o.ms) sizes.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
+    const std::vector<size_t> sizes = limit_sizes(o, ag_dtype, {64, 4096, 32768});
     int cpu_b = cpus[static_cast<size_t>(g.size() > 1 ? g.ranks()[1] : 0)];
     if (cpu_b == cpus[0]) {
       // Two ranks pinned to one CPU (servers simulated on a small host): a
@@ -177,9 +183,7 @@ Result<Limits> measure_machine_limits(Communicator& comm, Group& g, const Option
   }
   if (Status s = barrier(comm.world()); !s.ok()) return s;
   if (comm.config().servers > 1) {
-    std::vector<size_t> sizes = {8, 4096, 32768};
-    for (int64_t m : o.ms) sizes.push_back(std::min<size_t>(static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype), 16u << 20));
-    auto wire = measure_wire(comm, sizes);
+    auto wire = measure_wire(comm, limit_sizes(o, ag_dtype, {8, 4096, 32768}));
     if (!wire.ok()) return wire.status();
     limits.wire = wire.value();
     limits.wire_path = comm.transport();
