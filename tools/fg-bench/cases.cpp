@@ -28,7 +28,8 @@ class AllGatherCase : public Case {
 
   AllGatherCase(Group& g, const CaseShape& s, Form form, AllGatherOptions options = {})
       : g_(g), form_(form), options_(options) {
-    options_.stats = &stats_;
+    stats_out_ = s.shares ? &stats_ : nullptr;
+    options_.stats = stats_out_;
     op = form == Form::kContiguous ? "all_gather" : "all_gather_list";
     switch (options.algorithm) {
       case AllGatherAlgorithm::kAuto: impl = "fastgather"; break;
@@ -123,6 +124,7 @@ void sgemm(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, f
 class AllGatherMatmulCase : public Case {
  public:
   AllGatherMatmulCase(Group& g, const CaseShape& s, bool fused) : g_(g), fused_(fused), k_(s.hidden), n_(s.n) {
+    stats_out_ = s.shares ? &stats_ : nullptr;
     op = "all_gather_matmul";
     impl = fused ? "fastgather" : "unfused";
     m = s.m;
@@ -143,7 +145,7 @@ class AllGatherMatmulCase : public Case {
     const Tensor& x1 = x1_[it % x1_.size()];
     if (fused_) {
       AllGatherMatmulOptions opt;
-      opt.stats = &stats_;
+      opt.stats = stats_out_;
       Status s = all_gather_matmul(g_, x1.view(), x2_.view(), std::nullopt, out_.view(), gather_.view(), opt);
       account(stats_);
       return s;

@@ -38,6 +38,7 @@ class Case {
     phase_us["inter-server (" + sched + ")"] += st.inter_ns / 1000.0;
   }
   CallStats stats_;
+  CallStats* stats_out_ = nullptr;  // &stats_ when the shares are recorded (CaseShape::shares)
   // Adds the time since *t to phase `name` and moves *t to now.
   void lap(const char* name, Clock::time_point* t) {
     const auto now = Clock::now();
@@ -52,6 +53,9 @@ struct CaseShape {
   DType dtype;
   int64_t n = 16;    // fused op's output columns
   int variants = 1;  // --dv: input/output buffer sets cycled per iteration
+  // Across servers: record each call's intra-/inter-server shares (two clock
+  // reads per call, so not asked for within one server).
+  bool shares = false;
 };
 
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);

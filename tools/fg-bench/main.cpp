@@ -209,7 +209,7 @@ std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Op
   auto wants = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
   std::vector<CaseFactory> cases;
   for (int64_t m : o.ms) {
-    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1};
+    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1, spans};
     if (wants("all_gather")) {
       cases.push_back([&g, s] { return make_all_gather(g, s); });
       if (o.compare && spans) {
@@ -235,7 +235,7 @@ std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Op
         if (lead) std::fprintf(stderr, "fg-bench: no %s row moves %zu bytes per rank; skipped\n", o.mm_dtype.c_str(), bytes);
         continue;
       }
-      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1};
+      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1, spans};
       cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
       if (o.compare) cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
     }
