@@ -148,12 +148,13 @@ INSTANTIATE_TEST_SUITE_P(AllGatherMatmul, Fused,
                          });
 
 // Across simulated servers: remote blocks are received, then multiplied as
-// each piece lands; both schedules, both layouts, with and without gather_out.
+// each piece lands; both schedules, 1 to 3 members of a group per server
+// (uneven too), with and without gather_out.
 TEST(AllGatherMatmulAcrossServers, MatchesReferenceGemm) {
   struct Shape {
     int servers, world, tp;
   };
-  for (Shape sh : {Shape{2, 4, 2}, Shape{2, 4, 1}, Shape{3, 4, 2}, Shape{3, 4, 1}}) {
+  for (Shape sh : {Shape{2, 4, 2}, Shape{2, 4, 1}, Shape{3, 4, 2}, Shape{3, 4, 1}, Shape{2, 5, 1}, Shape{2, 6, 1}}) {
     for (auto algo : {AllGatherAlgorithm::kDirect, AllGatherAlgorithm::kHierarchical}) {
       for (DType d : {DType::kF32, DType::kBF16}) {
         // 300 rows of 1 KiB (fp32) per rank and a 64 KiB ring: several network pieces and relay steps.

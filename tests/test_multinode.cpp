@@ -90,7 +90,8 @@ TEST_P(AcrossServers, BothFormsEverySchedule) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AcrossServers,
                          ::testing::Values(Layout{2, 2, 2}, Layout{2, 1, 4}, Layout{3, 2, 2}, Layout{3, 1, 4},
-                                           Layout{3, 2, 3}),
+                                           Layout{3, 2, 3}, Layout{2, 1, 2}, Layout{2, 1, 5}, Layout{2, 1, 6}, Layout{2, 1, 8},
+                                           Layout{3, 1, 7}),
                          [](const auto& info) { return layout_name(info.param); });
 
 using Clock = std::chrono::steady_clock;

@@ -239,6 +239,16 @@ class Across {
       for (size_t i = 0; i < steps; ++i) {
         const uint64_t step = local_.next_step();
         local_.post(step, mine_);
+        // The first relay step is a full lockstep among the server's
+        // members: after it, everyone has finished reading everyone's last
+        // local-phase step. Later relay steps wait for the leader only, so
+        // without this a member two relay steps ahead would reuse the post
+        // line (and ring header) another member was still reading from the
+        // local phase (seen: 3 members on a server got stale blocks).
+        for (int peer = 1; i == 0 && peer < local_.members(); ++peer) {
+          if (peer == local_.me()) continue;
+          if (auto l = local_.wait(peer, step); !l.ok()) return l.status();
+        }
         auto line = local_.wait(0, step);  // the leader is local member 0
         if (!line.ok()) return line.status();
         const PostHeader& h = line.value()->header;
