@@ -3,6 +3,9 @@
 // server's ranks are spawned as processes by run_local_ranks().
 #pragma once
 
+#include <signal.h>
+
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -10,6 +13,10 @@
 #include "fastgather/status.hpp"
 
 namespace fastgather {
+
+// Sanity bounds, checked before anything is allocated or forked.
+constexpr int kMaxWorldSize = 4096;   // the network tag has 12 bits for a group member
+constexpr int kMaxLocalRanks = 512;   // processes one spawner starts on one server
 
 struct LaunchPlan {
   int tp = 1;
@@ -36,11 +43,31 @@ struct LaunchPlan {
 // FG_TOKEN over `defaults`.
 Result<LaunchPlan> launch_plan_from_env(LaunchPlan defaults = {});
 
+// Forks `count` processes running body(index) (its return value is the exit
+// status) and supervises them until all have ended:
+// - each dies with the supervisor (PR_SET_PDEATHSIG), whatever kills it;
+// - SIGINT, SIGTERM and SIGHUP sent to the supervisor are passed on to them;
+// - once one fails (non-zero status or a signal), the others get `grace` to
+//   end on their own (peers of a failed rank report it within milliseconds),
+//   then SIGTERM, then SIGKILL after `kill_after`;
+// - every failure is printed with its label ("rank 3 exited with status 1").
+// Returns 0 if all returned 0, 128+signal if stopped by a signal, else 1.
+struct ProcessOptions {
+  std::string what = "rank";
+  int first_label = 0;  // label of index 0 in messages
+  int death_signal = SIGKILL;
+  std::chrono::milliseconds grace{2000};
+  std::chrono::milliseconds kill_after{2000};
+  std::function<void(int index)> in_child;  // first thing in the child (CPU binding, environment)
+};
+int run_processes(int count, const std::function<int(int index)>& body, const ProcessOptions& options = {});
+
 // Runs body(config) once per rank of this server. If this process already is
 // a rank (FG_RANK set by a spawner, or an MPI launcher's rank variables), it
 // runs body for that rank only. Otherwise it forks local_ranks()
-// processes, waits for all of them, removes any shared memory the job left,
-// and returns 0 only if every rank returned 0.
+// processes under run_processes(), removes any shared memory the job left,
+// and returns 0 only if every rank returned 0. With one server and no
+// FG_TOKEN, the ranks use a token of the spawner's own.
 int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config&)>& body);
 
 }  // namespace fastgather

@@ -16,6 +16,7 @@ enum class ErrorKind {
   kPeerLost,         // a peer process died or aborted its communicator
   kSystem,           // an OS call failed (errno in the message)
   kUnsupported,      // valid request this build or transport cannot serve
+  kResourceExhausted,  // not enough of something on this machine (memory, /dev/shm)
 };
 
 const char* to_string(ErrorKind kind);

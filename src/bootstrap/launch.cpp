@@ -1,12 +1,15 @@
 // The original script's launch: TP, DP, SERVER_NUM, SERVER_INDEX, MASTER_IP
 // and PORT; this server's ranks become processes forked here.
 #include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -15,20 +18,16 @@
 #include <fmt/format.h>
 
 #include "fastgather/launch.hpp"
+#include "bootstrap/env.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace fastgather {
 namespace {
 
 Status read_int(const char* name, int* out) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return Status::Ok();
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1'000'000) {
-    return {ErrorKind::kInvalidArgument, fmt::format("environment variable {}='{}' is not a count", name, v)};
-  }
-  *out = static_cast<int>(x);
+  auto v = bootstrap::env_count(name);
+  if (!v.ok()) return v.status();
+  if (v.value()) *out = static_cast<int>(*v.value());
   return Status::Ok();
 }
 
@@ -62,8 +61,8 @@ int allowed_cpus() {
 // stays on one allowed CPU, so two ranks never share a core and caches stay
 // warm. FG_BIND=none turns it off.
 bool should_bind(int local_ranks, int cpus) {
-  const char* v = std::getenv("FG_BIND");
-  if (v != nullptr && std::string(v) == "none") return false;
+  auto v = bootstrap::env_word("FG_BIND");
+  if (v.ok() && v.value() && *v.value() == "none") return false;
   return local_ranks <= cpus;
 }
 
@@ -85,16 +84,30 @@ void bind_to_cpu(int local_index) {
 }  // namespace
 
 Status LaunchPlan::validate() const {
-  if (tp < 1 || dp < 1) return {ErrorKind::kInvalidArgument, fmt::format("TP={} and DP={} must be at least 1", tp, dp)};
-  if (servers < 1) return {ErrorKind::kInvalidArgument, fmt::format("SERVER_NUM={} must be at least 1", servers)};
-  if (world_size() < servers) {
-    return {ErrorKind::kInvalidArgument,
-            fmt::format("TP*DP = {}*{} = {} ranks cannot fill SERVER_NUM={} servers", tp, dp, world_size(), servers)};
+  auto bad = [](std::string why) { return Status{ErrorKind::kInvalidArgument, std::move(why)}; };
+  if (tp < 1 || dp < 1) return bad(fmt::format("TP={} and DP={} must be at least 1", tp, dp));
+  // Checked in 64 bits before world_size() multiplies them.
+  const int64_t world = int64_t{tp} * dp;
+  if (world > kMaxWorldSize) {
+    return bad(fmt::format("TP*DP = {}*{} = {} ranks; fastgather supports at most {} ranks in a job", tp, dp, world,
+                           kMaxWorldSize));
+  }
+  if (servers < 1) return bad(fmt::format("SERVER_NUM={} must be at least 1", servers));
+  if (world < servers) {
+    return bad(fmt::format("TP*DP = {}*{} = {} ranks cannot fill SERVER_NUM={} servers", tp, dp, world, servers));
   }
   if (server_index < 0 || server_index >= servers) {
-    return {ErrorKind::kInvalidArgument, fmt::format("SERVER_INDEX={} is outside 0..{}", server_index, servers - 1)};
+    return bad(fmt::format("SERVER_INDEX={} is outside 0..{}", server_index, servers - 1));
   }
-  if (port < 0 || port > 65535) return {ErrorKind::kInvalidArgument, fmt::format("PORT={} is not a TCP port", port)};
+  if (port < 1 || port > 65535) {
+    return bad(fmt::format("PORT={} is not a TCP port every rank can find (1..65535)", port));
+  }
+  if (timeout_ms < 0) return bad(fmt::format("FG_TIMEOUT_MS={} must be 0 (never) or more", timeout_ms));
+  if (local_ranks() > kMaxLocalRanks) {
+    return bad(fmt::format("TP*DP = {} ranks over SERVER_NUM={} puts {} ranks on server {}; fastgather starts at most "
+                           "{} ranks per server (each is a process with its own shared-memory ring)",
+                           world, servers, local_ranks(), server_index, kMaxLocalRanks));
+  }
   return Status::Ok();
 }
 
@@ -117,9 +130,146 @@ Result<LaunchPlan> launch_plan_from_env(LaunchPlan p) {
     if (Status s = read_int(name, field); !s.ok()) return s;
   }
   if (const char* ip = std::getenv("MASTER_IP"); ip != nullptr && *ip != '\0') p.master_ip = ip;
+  if (Status s = bootstrap::check_environment(); !s.ok()) return s;
   if (const char* tok = std::getenv("FG_TOKEN"); tok != nullptr) p.token = tok;
   if (Status s = p.validate(); !s.ok()) return s;
   return p;
+}
+
+namespace {
+
+// Set by the stop-signal handler of a supervising process; 0 when none came.
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Installs the forwarding handlers for as long as it lives.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    ::sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
+  }
+  // In a child: the default actions again (a child must die of these).
+  static void reset_in_child() {
+    for (int sig : kStopSignals) ::signal(sig, SIG_DFL);
+  }
+
+ private:
+  struct sigaction old_[std::size(kStopSignals)] {};
+};
+
+std::string labels(const std::vector<pid_t>& pids, int first) {
+  std::string out;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (pids[i] > 0) out += fmt::format("{}{}", out.empty() ? "" : ", ", first + static_cast<int>(i));
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_processes(int count, const std::function<int(int index)>& body, const ProcessOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  const char* what = options.what.c_str();
+  const pid_t parent = ::getpid();
+  StopSignals stop_signals;
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < count; ++i) {
+    if (g_stop_signal != 0) break;
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "fastgather: cannot start %s %d: %s\n", what, options.first_label + i, std::strerror(errno));
+      break;
+    }
+    if (pid == 0) {
+      StopSignals::reset_in_child();
+      // Die with the supervisor, whatever kills it; if it is already gone, do not start.
+      ::prctl(PR_SET_PDEATHSIG, options.death_signal);
+      if (::getppid() != parent) ::_exit(1);
+      if (options.in_child) options.in_child(i);
+      int rc = body(i);
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+
+  int failed = pids.size() == static_cast<size_t>(count) ? 0 : 1;
+  int stopped_by = 0;
+  size_t alive = pids.size();
+  auto term_at = Clock::time_point::max(), kill_at = Clock::time_point::max();
+  if (failed) term_at = Clock::now();  // could not start them all: stop the rest
+  while (alive > 0) {
+    if (g_stop_signal != 0 && stopped_by == 0) {
+      stopped_by = g_stop_signal;
+      std::fprintf(stderr, "fastgather: signal %d (%s); passing it to %s %s\n", stopped_by, ::strsignal(stopped_by),
+                   alive == 1 ? what : (options.what + "s").c_str(), labels(pids, options.first_label).c_str());
+      for (pid_t p : pids) {
+        if (p > 0) ::kill(p, stopped_by);
+      }
+      kill_at = std::min(kill_at, Clock::now() + options.kill_after);
+    }
+    const auto now = Clock::now();
+    if (now >= term_at) {
+      // Those still running after a failure would only wait for it: end the job.
+      std::fprintf(stderr, "fastgather: stopping %s %s after the failure above\n", what,
+                   labels(pids, options.first_label).c_str());
+      for (pid_t p : pids) {
+        if (p > 0) ::kill(p, SIGTERM);
+      }
+      term_at = Clock::time_point::max();
+      kill_at = std::min(kill_at, now + options.kill_after);
+    }
+    if (now >= kill_at) {
+      std::fprintf(stderr, "fastgather: %s %s did not stop; killing\n", what, labels(pids, options.first_label).c_str());
+      for (pid_t p : pids) {
+        if (p > 0) ::kill(p, SIGKILL);
+      }
+      kill_at = Clock::time_point::max();
+    }
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (pids[i] != pid) continue;
+      pids[i] = -1;
+      --alive;
+      const int label = options.first_label + static_cast<int>(i);
+      bool bad = false;
+      if (WIFSIGNALED(status)) {
+        // Ranks stopped on purpose (a signal passed on, or after a failure) are not news.
+        if (stopped_by == 0 && !failed) {
+          std::fprintf(stderr, "fastgather: %s %d was killed by signal %d (%s)\n", what, label, WTERMSIG(status),
+                       ::strsignal(WTERMSIG(status)));
+        }
+        bad = true;
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "fastgather: %s %d exited with status %d\n", what, label, WEXITSTATUS(status));
+        bad = true;
+      }
+      if (bad && !failed) {
+        failed = 1;
+        if (stopped_by == 0) term_at = Clock::now() + options.grace;
+      }
+    }
+  }
+  if (stopped_by != 0) return 128 + stopped_by;
+  return failed;
 }
 
 int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config&)>& body) {
@@ -130,8 +280,8 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   int rank = -1, size = -1;
   if (launcher_rank(&rank, &size)) {
     LaunchPlan p = plan;
-    if (size != p.world_size()) {
-      std::fprintf(stderr, "fastgather: the launcher started %d ranks but TP*DP = %d\n", size, p.world_size());
+    if (size != p.world_size() || rank < 0 || rank >= size) {
+      std::fprintf(stderr, "fastgather: the launcher started rank %d of %d but TP*DP = %d\n", rank, size, p.world_size());
       return 2;
     }
     p.server_index = Config::server_of_rank(p.world_size(), p.servers, rank);
@@ -142,78 +292,29 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   // whatever the ranks leave behind (a SIGKILL at the wrong moment) is removed here.
   std::random_device rd;
   const std::string job = fmt::format("{:08x}{:08x}", rd(), rd());
-  const int local = plan.local_ranks();
-  const int first = plan.first_local_rank();
+  LaunchPlan p = plan;
+  // All ranks are ours: a token of our own keeps ranks of another job that
+  // finds the same port from joining this one.
+  if (p.servers == 1 && p.token.empty()) p.token = "spawner-" + job;
+  const int local = p.local_ranks();
+  const int first = p.first_local_rank();
   const int cpus = allowed_cpus();
   const bool bind = should_bind(local, cpus);
   // With the whole job fitting this host's CPUs, bind by world rank: servers
   // simulated on one host then never share a CPU; otherwise by local index.
-  const bool by_world_rank = plan.world_size() <= cpus;
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int i = 0; i < local; ++i) {
-    const int r = first + i;
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      std::perror("fastgather: fork");
-      for (pid_t p : pids) ::kill(p, SIGKILL);
-      break;
-    }
-    if (pid == 0) {
-      if (bind) bind_to_cpu(by_world_rank ? r : i);
-      ::setenv("FG_JOB_ID", job.c_str(), 1);
-      ::setenv("FG_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("FG_WORLD_SIZE", std::to_string(plan.world_size()).c_str(), 1);
-      int rc = body(plan.config_for_rank(r));
-      std::fflush(nullptr);
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-
-  int failed = pids.size() == static_cast<size_t>(local) ? 0 : 1;
-  size_t alive = pids.size();
-  std::chrono::steady_clock::time_point kill_at = std::chrono::steady_clock::time_point::max();
-  while (alive > 0) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid == 0) {
-      if (std::chrono::steady_clock::now() > kill_at) {
-        // Survivors should have failed on their own by now; do not hang the job.
-        for (size_t i = 0; i < pids.size(); ++i) {
-          if (pids[i] > 0) {
-            std::fprintf(stderr, "fastgather: rank %d did not exit after a peer failed; killing it\n",
-                         first + static_cast<int>(i));
-            ::kill(pids[i], SIGKILL);
-          }
-        }
-        kill_at = std::chrono::steady_clock::time_point::max();
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      continue;
-    }
-    if (pid < 0) break;
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (pids[i] != pid) continue;
-      pids[i] = -1;
-      --alive;
-      const int r = first + static_cast<int>(i);
-      bool bad = false;
-      if (WIFSIGNALED(status)) {
-        std::fprintf(stderr, "fastgather: rank %d was killed by signal %d\n", r, WTERMSIG(status));
-        bad = true;
-      } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-        std::fprintf(stderr, "fastgather: rank %d exited with status %d\n", r, WEXITSTATUS(status));
-        bad = true;
-      }
-      if (bad && !failed) {
-        failed = 1;
-        kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(plan.timeout_ms) + std::chrono::seconds(10);
-      }
-    }
-  }
+  const bool by_world_rank = p.world_size() <= cpus;
+  ProcessOptions po;
+  po.what = "rank";
+  po.first_label = first;
+  po.in_child = [&](int i) {
+    if (bind) bind_to_cpu(by_world_rank ? first + i : i);
+    ::setenv("FG_JOB_ID", job.c_str(), 1);
+    ::setenv("FG_RANK", std::to_string(first + i).c_str(), 1);
+    ::setenv("FG_WORLD_SIZE", std::to_string(p.world_size()).c_str(), 1);
+  };
+  const int rc = run_processes(local, [&](int i) { return body(p.config_for_rank(first + i)); }, po);
   transport::ShmSegment::sweep_job(job);
-  return failed;
+  return rc;
 }
 
 }  // namespace fastgather

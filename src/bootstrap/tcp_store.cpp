@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -19,6 +20,11 @@
 #include <fmt/format.h>
 
 namespace fastgather::bootstrap {
+
+// MASTER_IP: an IPv4 or IPv6 address, or a host name (its IPv4 address first).
+Result<std::pair<sockaddr_storage, socklen_t>> resolve_store_address(const std::string& addr, int port);
+constexpr std::chrono::milliseconds kHelloReplyWithin{3000};
+
 namespace {
 
 Status sys_error(const std::string& what) {
@@ -178,18 +184,15 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string&
   State& st = *s->state_;
   st.token = std::move(token);
   st.hello_within = hello_within;
-  st.listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  auto where = resolve_store_address(addr, port);
+  if (!where.ok()) return where.status();
+  sockaddr_storage sa = where.value().first;
+  socklen_t sa_len = where.value().second;
+  st.listen_fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (st.listen_fd < 0) return sys_error("store socket");
   int one = 1;
   ::setsockopt(st.listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
-    ::close(st.listen_fd);
-    return Status{ErrorKind::kInvalidArgument, fmt::format("master address '{}' is not an IPv4 address", addr)};
-  }
-  if (::bind(st.listen_fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+  if (::bind(st.listen_fd, reinterpret_cast<sockaddr*>(&sa), sa_len) != 0 ||
       ::listen(st.listen_fd, 256) != 0) {
     Status e = sys_error(fmt::format("rendezvous store cannot listen on {}:{}", addr, port));
     ::close(st.listen_fd);
@@ -197,7 +200,8 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string&
   }
   socklen_t len = sizeof(sa);
   ::getsockname(st.listen_fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  s->port_ = ntohs(sa.sin_port);
+  s->port_ = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
   st.wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   s->thread_ = std::thread([srv = s.get()] { srv->loop(); });
   return s;
@@ -373,29 +377,63 @@ void TcpStoreServer::loop() {
   }
 }
 
+Result<std::pair<sockaddr_storage, socklen_t>> resolve_store_address(const std::string& addr, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  int rc = ::getaddrinfo(addr.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status{ErrorKind::kInvalidArgument,
+                  fmt::format("master address '{}' does not resolve: {}", addr, rc != 0 ? ::gai_strerror(rc) : "no address")};
+  }
+  // IPv4 first when a name has both ("localhost"): every rank must pick the same.
+  const addrinfo* pick = res;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  }
+  std::pair<sockaddr_storage, socklen_t> out{};
+  std::memcpy(&out.first, pick->ai_addr, pick->ai_addrlen);
+  out.second = pick->ai_addrlen;
+  ::freeaddrinfo(res);
+  return out;
+}
+
 // ---------------------------------------------------------------- client
 
 Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::string& addr, int port,
                                                                 const std::string& token,
                                                                 Clock::time_point deadline,
                                                                 const std::string& identity) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
-    return Status{ErrorKind::kInvalidArgument, fmt::format("master address '{}' is not an IPv4 address", addr)};
-  }
+  auto where = resolve_store_address(addr, port);
+  if (!where.ok()) return where.status();
+  const sockaddr_storage sa = where.value().first;
+  const socklen_t sa_len = where.value().second;
   int last_errno = 0;
   while (Clock::now() < deadline) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return sys_error("store socket");
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sa_len) == 0) {
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       std::unique_ptr<TcpStoreClient> c(new TcpStoreClient(fd));
       c->peer_ = fmt::format("{}:{}", addr, port);
       StoreRequest hello{.op = StoreOp::kHello, .key = token, .value = identity};
-      auto r = c->call(hello, deadline);
+      // A store answers HELLO at once. Whatever else listens on the port
+      // (another program, a half-dead process) must not hold us for the
+      // whole timeout.
+      auto r = c->call(hello, std::min(deadline, Clock::now() + kHelloReplyWithin));
+      if (r.status().kind() == ErrorKind::kTimeout) {
+        return Status{ErrorKind::kSystem,
+                      fmt::format("{}:{} accepted the connection but did not answer the rendezvous HELLO within {} ms: "
+                                  "is another program listening on this port?",
+                                  addr, port, kHelloReplyWithin.count())};
+      }
       if (!r.ok()) return r.status();
       return c;
     }

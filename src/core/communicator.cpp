@@ -1,5 +1,7 @@
 #include "fastgather/communicator.hpp"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "bootstrap/env.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "core/group_impl.hpp"
 #include "transport/net_channel.hpp"
@@ -30,11 +33,23 @@ namespace {
 constexpr size_t kDefaultRingBytes = 4 << 20;
 
 size_t ring_bytes_from_env() {
-  const char* v = std::getenv("FG_RING_BYTES");
-  if (v == nullptr || *v == '\0') return kDefaultRingBytes;
-  size_t b = std::strtoull(v, nullptr, 10);
-  b = std::clamp<size_t>(b, 16384, size_t{1} << 31);
-  return (b + 4095) / 4096 * 4096;
+  // Checked by bootstrap::check_environment() in Communicator::create.
+  auto v = bootstrap::env_count("FG_RING_BYTES");
+  if (!v.ok() || !v.value()) return kDefaultRingBytes;
+  return (*v.value() + 4095) / 4096 * 4096;
+}
+
+// A segment larger than what /dev/shm has free would be killed by SIGBUS
+// while it is faulted in, not refused: refuse it here, by name.
+Status check_shm_room(size_t bytes, int members, size_t ring) {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) != 0) return Status::Ok();  // nothing to go by
+  const unsigned long long avail = static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize;
+  if (bytes <= avail) return Status::Ok();
+  return {ErrorKind::kResourceExhausted,
+          fmt::format("a group of {} members on this server needs a {} MiB shared-memory segment ({} x FG_RING_BYTES={}) "
+                      "but /dev/shm has {} MiB free; use fewer ranks per server or a smaller FG_RING_BYTES",
+                      members, bytes >> 20, members, ring, avail >> 20)};
 }
 
 std::string random_job_id() {
@@ -61,8 +76,8 @@ Status Config::validate() const {
             fmt::format("rank {} belongs to server {} (ranks {}..{}), not server {}", rank, server_of(rank),
                         first_rank_on(server_of(rank)), first_rank_on(server_of(rank) + 1) - 1, server_index)};
   }
-  if (master_port < 0 || master_port > 65535) {
-    return {ErrorKind::kInvalidArgument, fmt::format("port {} is not a TCP port", master_port)};
+  if (master_port < 1 || master_port > 65535) {
+    return {ErrorKind::kInvalidArgument, fmt::format("port {} is not a TCP port every rank can find (1..65535)", master_port)};
   }
   return Status::Ok();
 }
@@ -152,16 +167,27 @@ void Communicator::Impl::close_network() {
 
 namespace {
 
-// What tells two hosts apart: the host name and the kernel's boot id.
+// What tells two hosts apart, for UCX: the host name, the kernel's boot id
+// and the network namespace. Containers, network namespaces and VMs cloned
+// from one image share a host name and may share a boot id; only ranks in
+// the same kernel *and* the same network namespace reach each other over
+// loopback. (Whether two ranks share memory is not decided here: ranks of
+// different servers never do; see architecture.md.)
 std::string host_identity() {
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
   std::string id = name;
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
     char boot[64] = {};
-    if (std::fgets(boot, sizeof(boot), f) != nullptr) id += fmt::format("/{}", boot);
+    if (std::fgets(boot, sizeof(boot), f) != nullptr) {
+      std::string b = boot;
+      while (!b.empty() && (b.back() == '\n' || b.back() == ' ')) b.pop_back();
+      id += "/" + b;
+    }
     std::fclose(f);
   }
+  struct stat ns {};
+  if (::stat("/proc/self/ns/net", &ns) == 0) id += fmt::format("/netns:{}:{}", ns.st_dev, ns.st_ino);
   return id;
 }
 
@@ -212,6 +238,9 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config)
   transport::ShmSegment::sweep_stale();  // segments of crashed jobs on this host
 
   const auto deadline = impl->deadline();
+  if (Status s = bootstrap::check_environment(); !s.ok()) {
+    return Status{s.kind(), fmt::format("rank {}: {}", config.rank, s.message())};
+  }
   if (config.rank == 0) {
     auto server = bootstrap::TcpStoreServer::start(config.master_addr, config.master_port, config.token);
     if (!server.ok()) return server.status();
@@ -306,6 +335,11 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
 
   Result<transport::ShmSegment> seg = Status{ErrorKind::kSystem, "unset"};
   if (local_me == 0) {
+    if (Status s = check_shm_room(bytes, local_n, ring); !s.ok()) {
+      // Members waiting for the segment's name learn why it will not come.
+      (void)store->set(local_key + "/name", "!" + s.message());
+      return where(s);
+    }
     std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
     seg = transport::ShmSegment::create(name, bytes);
     if (!seg.ok()) return where(seg.status());
@@ -316,6 +350,10 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (!name.ok()) {
       return where({name.status().kind(), fmt::format("rank {} never created the group's segment ({})", local[0],
                                                       name.status().message())});
+    }
+    if (name.value().rfind('!', 0) == 0) {
+      return where({ErrorKind::kResourceExhausted, fmt::format("rank {} could not create the group's segment: {}",
+                                                               local[0], name.value().substr(1))});
     }
     seg = transport::ShmSegment::open(name.value(), bytes);
     if (!seg.ok()) return where(seg.status());

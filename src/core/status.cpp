@@ -11,6 +11,7 @@ const char* to_string(ErrorKind kind) {
     case ErrorKind::kPeerLost: return "PeerLost";
     case ErrorKind::kSystem: return "System";
     case ErrorKind::kUnsupported: return "Unsupported";
+    case ErrorKind::kResourceExhausted: return "ResourceExhausted";
   }
   return "Unknown";
 }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -97,28 +98,61 @@ int simulate_servers(const LaunchPlan& plan, const std::function<int(const Confi
   // More ranks than CPUs: each spawner would pin its first rank to the first
   // CPU, and so on; leave placement to the kernel instead.
   if (plan.world_size() > sysconf(_SC_NPROCESSORS_ONLN)) ::setenv("FG_BIND", "none", 0);
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int s = 0; s < plan.servers; ++s) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      LaunchPlan p = plan;
-      p.server_index = s;
-      ::_exit(run_local_ranks(p, body));
-    }
-    if (pid < 0) {
-      std::perror("fg-bench: fork");
-      break;
-    }
-    pids.push_back(pid);
+  ProcessOptions po;
+  po.what = "server";
+  // A spawner ends on SIGTERM by passing it to its ranks and cleaning up.
+  po.death_signal = SIGTERM;
+  po.grace = std::chrono::milliseconds(plan.timeout_ms) + std::chrono::seconds(2);
+  po.kill_after = std::chrono::seconds(5);
+  return run_processes(plan.servers, [&](int s) {
+    LaunchPlan p = plan;
+    p.server_index = s;
+    return run_local_ranks(p, body);
+  }, po);
+}
+
+// Memory available to new allocations on this machine (MemAvailable), 0 if unknown.
+double available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
   }
-  int failed = pids.size() == static_cast<size_t>(plan.servers) ? 0 : 1;
-  for (pid_t pid : pids) {
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
+  return 0;
+}
+
+// The largest case's buffers on one rank, estimated from the shapes (in
+// doubles: absurd sizes must not overflow on the way to being refused),
+// times the ranks on this host, against what the machine has available.
+Status check_memory(const Options& o, const LaunchPlan& plan, int ranks_here) {
+  DType ag{}, mm{};
+  parse_dtype(o.dtype, &ag);
+  parse_dtype(o.mm_dtype, &mm);
+  const double g = plan.dp, sets = o.dv ? 8 : 1;
+  double worst = 0;
+  int64_t worst_m = 0;
+  for (int64_t m : o.ms) {
+    const double bytes = static_cast<double>(m) * static_cast<double>(o.hidden) * static_cast<double>(dtype_size(ag));
+    // Input and output per buffer set; the staged list's flat temporary.
+    const double gather = sets * bytes * (1 + g) + bytes * g;
+    // Fused: x1 sets, gather_out, output, x2, and the unfused path's fp32 copies.
+    const double rows = bytes / (static_cast<double>(o.hidden) * static_cast<double>(dtype_size(mm)));
+    const double fused = sets * bytes + bytes * g + rows * g * static_cast<double>(o.n) * (dtype_size(mm) + 4.0) +
+                         static_cast<double>(o.hidden) * static_cast<double>(o.n) * 8 + rows * g * static_cast<double>(o.hidden) * 4;
+    const double need = std::max(gather, fused);
+    if (need > worst) worst = need, worst_m = m;
   }
-  return failed;
+  const double have = available_bytes();
+  const double total = worst * ranks_here;
+  if (have > 0 && total > 0.9 * have) {
+    return {ErrorKind::kResourceExhausted,
+            fmt::format("--m {} with --hidden {} needs about {} per rank for its buffers; {} ranks on this host need {}, "
+                        "but this machine has {} available: use a smaller --m or --hidden",
+                        worst_m, o.hidden, human_bytes(worst), ranks_here, human_bytes(total), human_bytes(have))};
+  }
+  return Status::Ok();
 }
 
 void progress(bool lead, size_t done, size_t total, const Case& c) {
@@ -346,6 +380,14 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
     std::unique_ptr<Case> cs = cases[i]();
     progress(lead, i, cases.size(), *cs);
     auto r = runner.measure(*cs);
+    if (!r.ok() && r.status().kind() == ErrorKind::kUnsupported) {
+      // Refused on every rank before any byte moved (a row too large for the
+      // ring, say): the group is intact; report it and go on with the rest.
+      if (lead) std::fprintf(stderr, "fg-bench: %s %s at %s per rank skipped: %s\n", cs->op.c_str(), cs->impl.c_str(),
+                             human_bytes(static_cast<double>(cs->bytes_per_rank)).c_str(), r.status().message().c_str());
+      progress(lead, i + 1, cases.size(), *cs);
+      continue;
+    }
     if (!r.ok()) return fail(r.status());
     Row row = r.value();
     if (with_limits && lead) {
@@ -356,7 +398,11 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
     rows.push_back(std::move(row));
     progress(lead, i + 1, cases.size(), *cs);
   }
-  if (!lead) return 0;
+  bool failed = false;
+  for (const Row& r : rows) failed |= r.check == "failed";
+  // Every rank's exit status says whether the data was right (the other
+  // servers' spawners report it too), not only rank 0's.
+  if (!lead) return failed ? 3 : 0;
 
   std::string head;
   if (c.servers > 1) {
@@ -378,8 +424,6 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
     if (Status s = plot(rows, o.plot, fmt::format("fg-bench: {} ranks, {}", c.world_size, cpu_model())); !s.ok()) return fail(s);
     std::printf("plots: %s (and .svg)\n", o.plot.c_str());
   }
-  bool failed = false;
-  for (const Row& r : rows) failed |= r.check == "failed";
   return failed ? 3 : 0;
 }
 
@@ -396,24 +440,34 @@ int main(int argc, char** argv) {
   LaunchPlan plan = env.value();
 
   CLI::App app{"fg-bench: all-gather and fused all-gather + matmul, measured"};
-  app.add_option("--tp", plan.tp, "tensor-parallel size: tp concurrent groups (env TP)");
-  app.add_option("--dp", plan.dp, "ranks per group (env DP)");
-  app.add_option("--servers", plan.servers, "servers in the job (env SERVER_NUM)");
+  app.add_option("--tp", plan.tp, "tensor-parallel size: tp concurrent groups (env TP)")->check(CLI::Range(1, kMaxWorldSize));
+  app.add_option("--dp", plan.dp, "ranks per group (env DP)")->check(CLI::Range(1, kMaxWorldSize));
+  app.add_option("--servers", plan.servers, "servers in the job (env SERVER_NUM)")->check(CLI::Range(1, kMaxWorldSize));
   auto* server_index_opt = app.add_option("--server-index", plan.server_index,
                                           "this server (env SERVER_INDEX; unset with SERVER_NUM > 1: simulate all servers here)");
   app.add_option("--master", plan.master_ip, "rendezvous host (env MASTER_IP)");
-  app.add_option("--port", plan.port, "rendezvous port (env PORT)");
-  app.add_option("--timeout-ms", plan.timeout_ms, "peer timeout (env FG_TIMEOUT_MS)");
-  app.add_option("--m", o.ms, "AllGather rows per rank")->delimiter(',');
-  app.add_option("--hidden", o.hidden, "hidden size (columns)");
+  app.add_option("--port", plan.port, "rendezvous port (env PORT)")->check(CLI::Range(1, 65535));
+  app.add_option("--timeout-ms", plan.timeout_ms, "peer timeout (env FG_TIMEOUT_MS)")->check(CLI::Range(0, 86'400'000));
+  app.add_option("--m", o.ms, "AllGather rows per rank")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--hidden", o.hidden, "hidden size (columns)")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_option("--dtype", o.dtype, "AllGather dtype (fp32, fp16, bf16, ...)");
   app.add_option("--mm-dtype", o.mm_dtype, "AllGather+MatMul dtype (fp16, bf16, fp32)");
-  app.add_option("--n", o.n, "AllGather+MatMul output columns");
+  app.add_option("--n", o.n, "AllGather+MatMul output columns")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--ops", o.ops, "ops to run")->delimiter(',')->check(
       CLI::IsMember({"all_gather", "all_gather_list", "all_gather_matmul"}));
-  app.add_option("--iters", o.run.iters, "iterations per size (default: from --time-ms)");
-  app.add_option("--time-ms", o.run.time_ms, "measured time per size and op");
-  app.add_option("--warmup", o.run.warmup, "warm-up iterations");
+  app.add_option("--iters", o.run.iters, "iterations per size (default: from --time-ms)")->check(CLI::Range(1, 10'000'000));
+  const CLI::Validator positive_ms(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0' || !std::isfinite(x) || x <= 0 || x > 3.6e6) {
+          return "must be a number of milliseconds above 0 and at most 3600000";
+        }
+        return {};
+      },
+      "MS>0");
+  app.add_option("--time-ms", o.run.time_ms, "measured time per size and op (also bounds -c runs)")->check(positive_ms);
+  app.add_option("--warmup", o.run.warmup, "warm-up iterations")->check(CLI::Range(0, 100'000));
   app.add_flag("-c,--check", o.run.check, "check every output byte of every iteration");
   app.add_option("--json", o.json, "write the rows as JSON (schema fastgather-bench/1)");
   app.add_option("--plot", o.plot, "write latency and bandwidth plots to this PNG (and .svg)");
@@ -421,7 +475,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-compare", o.no_compare, "only fastgather");
   app.add_flag("--limits", o.limits_only, "measure and print the machine's limits only");
   app.add_flag("--no-limits", o.no_limits, "skip measuring the machine's limits");
-  app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples");
+  app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples")->check(CLI::Range(1, 100));
   app.add_flag("--dv", o.dv, "data-varying: cycle 8 buffer sets so caches are not flattering");
   CLI11_PARSE(app, argc, argv);
   const bool server_index_given = server_index_opt->count() > 0;
@@ -437,6 +491,10 @@ int main(int argc, char** argv) {
   // SERVER_NUM > 1 with no SERVER_INDEX: every server's ranks on this host
   // (simulated servers, UCX over TCP loopback between them).
   const bool simulate = plan.servers > 1 && std::getenv("SERVER_INDEX") == nullptr && !server_index_given;
+  // Before anything is allocated or forked: do the sizes fit this machine?
+  if (Status s = check_memory(o, plan, simulate || mpi::launched() ? plan.world_size() : plan.local_ranks()); !s.ok()) {
+    return std::fprintf(stderr, "fg-bench: %s\n", s.message().c_str()), 2;
+  }
   if (o.compare) maybe_reexec_under_mpirun(argc, argv, plan, simulate);
   if (simulate && !mpi::launched()) return simulate_servers(plan, [&](const Config& c) { return run_rank(c, o, plan); });
   return run_local_ranks(plan, [&](const Config& c) { return run_rank(c, o, plan); });

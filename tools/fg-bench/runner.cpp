@@ -52,7 +52,14 @@ Result<Row> Runner::measure(Case& c) {
   const int probe = 3;
   auto t0 = Clock::now();
   for (int i = 0; i < probe; ++i) {
+    // With -c an iteration also prepares, lines up and checks: time all of
+    // it, so that --time-ms bounds a checked run too.
+    if (opt_.check) {
+      c.prepare(static_cast<uint64_t>(i));
+      if (Status s = barrier(group_); !s.ok()) return s;
+    }
     if (Status s = c.run(static_cast<uint64_t>(i)); !s.ok()) return s;
+    if (opt_.check) (void)c.verify(static_cast<uint64_t>(i));
   }
   const double est_us = std::max(us_since(t0) / probe, 0.05);
   int64_t iters = opt_.iters > 0 ? opt_.iters

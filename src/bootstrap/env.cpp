@@ -1,0 +1,97 @@
+#include "bootstrap/env.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace fastgather::bootstrap {
+namespace {
+
+using K = EnvVar::Kind;
+
+// Bounds are sanity bounds: beyond them a value is a typo or an overflow,
+// never a configuration that could work (a 4097-rank group overflows the
+// network tag's member field; a ring over 1 GiB per member takes longer to
+// map and fault in than any timeout).
+constexpr EnvVar kTable[] = {
+    {"TP", K::kCount, 1, 4096, "", "1", "tensor-parallel size: TP concurrent groups of DP ranks (world = TP*DP)"},
+    {"DP", K::kCount, 1, 4096, "", "2 (fg-bench)", "ranks per group"},
+    {"SERVER_NUM", K::kCount, 1, 4096, "", "1", "servers in the job"},
+    {"SERVER_INDEX", K::kCount, 0, 4095, "", "0; unset with SERVER_NUM > 1 in fg-bench: simulate every server here",
+     "this server"},
+    {"MASTER_IP", K::kText, 0, 0, "", "127.0.0.1", "host of the rendezvous store (rank 0): an address or a host name"},
+    {"PORT", K::kCount, 1, 65535, "", "29500", "TCP port of the rendezvous store"},
+    {"FG_TIMEOUT_MS", K::kCount, 0, 86'400'000, "", "5000", "a peer that does not arrive in this time fails the call (0: never)"},
+    {"FG_TOKEN", K::kText, 0, 0, "", "empty (one server: a token of the spawner's own)", "job token every rank must present to the store"},
+    {"FG_RING_BYTES", K::kCount, 16384, uint64_t{1} << 30, "", "4194304 (4 MiB)", "shared-memory ring per member"},
+    {"FG_COPY_IN", K::kWord, 0, 0, "cached|streaming", "learned per size", "how bytes are stored into the ring"},
+    {"FG_SPIN_US", K::kCount, 0, 1'000'000, "", "20 (2 when oversubscribed)", "waiting: spin this long first"},
+    {"FG_YIELD_US", K::kCount, 0, 10'000'000, "", "200 (50 when oversubscribed)", "waiting: then yield this long, then sleep"},
+    {"FG_BIND", K::kWord, 0, 0, "none|core", "core when ranks <= CPUs", "pin spawned ranks to CPUs, or not"},
+    {"FG_HIER_MIN_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "65536", "across servers: bytes per rank from which the hierarchical schedule is used"},
+    {"FG_NET_PIECE_BYTES", K::kCount, 4096, uint64_t{1} << 31, "", "1048576", "across servers: largest UCX message"},
+};
+
+}  // namespace
+
+std::span<const EnvVar> env_table() { return kTable; }
+
+const EnvVar* find_env(const char* name) {
+  for (const EnvVar& v : kTable) {
+    if (std::strcmp(v.name, name) == 0) return &v;
+  }
+  return nullptr;
+}
+
+Result<uint64_t> parse_count(const std::string& text, uint64_t min, uint64_t max, const std::string& what) {
+  bool digits = !text.empty() && text.size() <= 20;
+  for (char ch : text) digits &= ch >= '0' && ch <= '9';
+  if (!digits) {
+    return Status{ErrorKind::kInvalidArgument,
+                  fmt::format("{}='{}' is not a whole number (digits only, {}..{})", what, text, min, max)};
+  }
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
+  if (errno == ERANGE || v < min || v > max) {
+    return Status{ErrorKind::kInvalidArgument, fmt::format("{}={} is outside {}..{}", what, text, min, max)};
+  }
+  return static_cast<uint64_t>(v);
+}
+
+Result<std::optional<uint64_t>> env_count(const char* name) {
+  const EnvVar* var = find_env(name);
+  const char* v = std::getenv(name);
+  if (var == nullptr || v == nullptr || *v == '\0') return std::optional<uint64_t>{};
+  auto r = parse_count(v, var->min, var->max, fmt::format("environment variable {}", name));
+  if (!r.ok()) return Status{r.status().kind(), fmt::format("{} ({})", r.status().message(), var->doc)};
+  return std::optional<uint64_t>{r.value()};
+}
+
+Result<std::optional<std::string>> env_word(const char* name) {
+  const EnvVar* var = find_env(name);
+  const char* v = std::getenv(name);
+  if (var == nullptr || v == nullptr || *v == '\0') return std::optional<std::string>{};
+  std::string words = var->words;
+  for (size_t at = 0; at <= words.size();) {
+    size_t bar = words.find('|', at);
+    if (bar == std::string::npos) bar = words.size();
+    if (words.compare(at, bar - at, v) == 0 && std::strlen(v) == bar - at) return std::optional<std::string>{v};
+    at = bar + 1;
+  }
+  return Status{ErrorKind::kInvalidArgument,
+                fmt::format("environment variable {}='{}' is not one of {} ({})", name, v, words, var->doc)};
+}
+
+Status check_environment() {
+  for (const EnvVar& var : kTable) {
+    if (var.kind == K::kCount) {
+      if (auto r = env_count(var.name); !r.ok()) return r.status();
+    } else if (var.kind == K::kWord) {
+      if (auto r = env_word(var.name); !r.ok()) return r.status();
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace fastgather::bootstrap
