@@ -36,6 +36,7 @@ struct TensorView {
 class Tensor {
  public:
   Tensor() = default;
+  // Throws std::length_error for a negative or overflowing shape, std::bad_alloc when memory runs out.
   static Tensor empty(DType dtype, std::vector<int64_t> shape);
   static Tensor zeros(DType dtype, std::vector<int64_t> shape);
 

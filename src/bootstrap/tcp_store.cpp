@@ -172,6 +172,8 @@ struct TcpStoreServer::State {
   std::multimap<std::string, std::pair<int, uint32_t>> waiting;  // key -> (fd, request id) blocked in GET
   std::mutex mu;                            // guards greeted_count for drain()
   int greeted_count = 0;
+  int ever_greeted = 0;  // ranks that have joined at any time
+  std::string abort_reason;  // set once kJobAbortKey is
   bool any_greeted = false;
   std::atomic<uint64_t> rejected{0};
 };
@@ -224,6 +226,16 @@ void TcpStoreServer::drain(Clock::time_point deadline) {
     {
       std::lock_guard<std::mutex> g(state_->mu);
       if (state_->greeted_count == 0) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void TcpStoreServer::drain_job(int world, Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> g(state_->mu);
+      if (state_->ever_greeted >= world && state_->greeted_count == 0) return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -330,6 +342,7 @@ void TcpStoreServer::loop() {
           {
             std::lock_guard<std::mutex> g(st.mu);
             ++st.greeted_count;
+            ++st.ever_greeted;
           }
           reply(fd, req.id, StoreReply::kOk, "");
           continue;
@@ -338,6 +351,14 @@ void TcpStoreServer::loop() {
           case StoreOp::kSet: {
             st.kv[req.key] = req.value;
             reply(fd, req.id, StoreReply::kOk, "");
+            if (req.key == kJobAbortKey) {
+              // Nobody waits for a key that will not come: every waiting
+              // and every later GET of a missing key gets the reason.
+              if (st.abort_reason.empty()) st.abort_reason = std::string(kJobAbortedPrefix) + req.value;
+              for (auto& [key, w] : st.waiting) reply(w.first, w.second, StoreReply::kError, st.abort_reason);
+              st.waiting.clear();
+              break;
+            }
             auto [b, e] = st.waiting.equal_range(req.key);
             for (auto w = b; w != e; ++w) reply(w->second.first, w->second.second, StoreReply::kOk, req.value);
             st.waiting.erase(b, e);
@@ -347,6 +368,8 @@ void TcpStoreServer::loop() {
             auto it = st.kv.find(req.key);
             if (it != st.kv.end()) {
               reply(fd, req.id, StoreReply::kOk, it->second);
+            } else if (!st.abort_reason.empty()) {
+              reply(fd, req.id, StoreReply::kError, st.abort_reason);
             } else {
               st.waiting.emplace(req.key, std::pair{fd, req.id});
             }
@@ -478,6 +501,10 @@ Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point dea
       std::string payload = in_.substr(9, len - 5);
       in_.erase(0, 4 + static_cast<size_t>(len));
       if (id != req.id) continue;
+      if (code != StoreReply::kOk && payload.rfind(kJobAbortedPrefix, 0) == 0) {
+        // Another rank gave up on the job and said why: that is the news.
+        return Status{ErrorKind::kPeerLost, payload};
+      }
       if (code != StoreReply::kOk) return fail(ErrorKind::kInvalidArgument, payload);
       return payload;
     }

@@ -21,6 +21,13 @@
 
 namespace fastgather::bootstrap {
 
+// A rank that gives up on the whole job sets this key to its reason; from
+// then on a GET of a missing key, waiting or new, fails at once with
+// kJobAbortedPrefix + the reason (as kPeerLost on the client).
+inline constexpr const char* kJobAbortKey = "job/abort";
+inline constexpr const char* kJobAbortedPrefix = "job aborted: ";
+
+
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMaxFrame = 1u << 20;
@@ -52,6 +59,10 @@ class TcpStoreServer {
   int port() const { return port_; }
   // Waits until every client that said HELLO has closed, or until deadline.
   void drain(Clock::time_point deadline);
+  // Waits until `world` ranks have joined and all have left again (or the
+  // deadline): when rank 0 fails during start-up, the others still find the
+  // store and read why, instead of losing it mid-way.
+  void drain_job(int world, Clock::time_point deadline);
   uint64_t rejected_connections() const;
 
  private:

@@ -125,6 +125,8 @@ struct Communicator::Impl {
   }
   Result<Group*> build_group(std::vector<int> ranks);
   Status start_network(Clock::time_point deadline);
+  // Communicator::create after connecting to the store (Ok holds null).
+  Result<std::unique_ptr<Communicator>> finish_create();
   void close_network();
 };
 
@@ -252,6 +254,23 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config)
     return Status{client.status().kind(), fmt::format("rank {}: {}", config.rank, client.status().message())};
   }
   impl->store = std::move(client).value();
+  // From here on a failure of this rank ends the job's start-up for all:
+  // the others learn why at once (not at their timeout), and rank 0 keeps
+  // the store up until they have read it.
+  Result<std::unique_ptr<Communicator>> r = impl->finish_create();
+  if (!r.ok()) {
+    (void)impl->store->set(bootstrap::kJobAbortKey, fmt::format("rank {}: {}", config.rank, r.status().message()));
+    impl->groups.clear();
+    impl->store.reset();
+    if (impl->server) impl->server->drain_job(config.world_size, deadline);
+    return r.status();
+  }
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::Impl::finish_create() {
+  const auto deadline = this->deadline();
+  auto impl = this;
 
   if (config.rank == 0) {
     const char* env_job = std::getenv("FG_JOB_ID");
@@ -273,7 +292,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config)
   for (int r = 0; r < config.world_size; ++r) all[r] = r;
   auto world = impl->build_group(all);
   if (!world.ok()) return world.status();
-  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  return std::unique_ptr<Communicator>(nullptr);
 }
 
 Result<Group*> Communicator::new_group(std::vector<int> ranks) { return impl_->build_group(std::move(ranks)); }

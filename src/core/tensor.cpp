@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <new>
 
 #include <fmt/format.h>
@@ -74,6 +75,15 @@ Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
+  // A negative or overflowing shape would wrap into a huge or tiny size.
+  unsigned __int128 total = dtype_size(dtype);
+  for (int64_t d : t.shape_) {
+    if (d < 0) throw std::length_error(fmt::format("Tensor::empty: negative dimension in {}", t.view().describe()));
+    total *= static_cast<uint64_t>(d);
+    if (total > (static_cast<unsigned __int128>(1) << 62)) {
+      throw std::length_error(fmt::format("Tensor::empty: {} does not fit the address space", t.view().describe()));
+    }
+  }
   size_t bytes = (t.view().nbytes() + 63) / 64 * 64;
   // Large tensors on 2 MiB boundaries, offered to transparent huge pages (as
   // PyTorch's CPU allocator does): fewer TLB misses when a collective streams them.
