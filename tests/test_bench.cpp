@@ -227,3 +227,43 @@ TEST(FgBench, SimulatedServersBesideMpiOverTcp) {
   EXPECT_NE(out.find("| mpi |"), std::string::npos) << out;
   EXPECT_EQ(out.find("failed"), std::string::npos) << out;
 }
+
+// Bad flags and sizes are refused before anything is allocated or forked:
+// exit status 2 (never a signal), naming the flag.
+TEST(FgBench, BadFlagsAndSizesAreRefusedByName) {
+  struct Bad {
+    const char* args;
+    const char* needle;
+  };
+  const Bad cases[] = {
+      {"--m -1", "--m"},          {"--m 0", "--m"},           {"--hidden -5", "--hidden"},
+      {"--hidden 0", "--hidden"}, {"--n -3", "--n"},          {"--n 0", "--n"},
+      {"--iters 0", "--iters"},   {"--iters -1", "--iters"},  {"--time-ms 0", "--time-ms"},
+      {"--time-ms -1", "--time-ms"}, {"--time-ms nan", "--time-ms"}, {"--trials 0", "--trials"},
+      {"--warmup -1", "--warmup"}, {"--port 0", "--port"},     {"--tp 46341 --dp 46341", "--tp"},
+      {"--m 1000000000", "available"}, {"--m 4000000 --hidden 100000", "available"},
+  };
+  for (const Bad& b : cases) {
+    std::string out;
+    int rc = run_bench(FG_BENCH_NOMPI, fmt::format("{} --no-limits --no-compare", b.args), &out);
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << b.args << " -> status " << rc << ": " << out;
+    EXPECT_NE(out.find(b.needle), std::string::npos) << b.args << ": " << out;
+  }
+  std::string out;
+  int rc = run_bench(FG_BENCH_NOMPI, fmt::format("--m 8 --hidden 64 --time-ms 5 --no-limits --port {}", fgtest::free_port()), &out);
+  EXPECT_EQ(rc, 0) << "a valid run after the refusals: " << out.substr(0, 2000);
+}
+
+// A fused-op row too large for the shared-memory ring is skipped with the
+// reason; the rows already measured and those after it are kept.
+TEST(FgBench, ARowTooLargeForTheRingIsSkippedNotFatal) {
+  std::string out;
+  int rc = run_bench("FG_RING_BYTES=65536 " + std::string(FG_BENCH_NOMPI),
+                     fmt::format("-c --m 1,2 --hidden 8192 --mm-dtype fp32 --time-ms 5 --no-limits --no-compare --port {}",
+                                 fgtest::free_port()),
+                     &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("skipped"), std::string::npos) << out;
+  EXPECT_NE(out.find("exceeds"), std::string::npos) << out;
+  EXPECT_NE(out.find("### AllGather (fp32, hidden 8192)"), std::string::npos) << out;
+}

@@ -477,7 +477,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-limits", o.no_limits, "skip measuring the machine's limits");
   app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples")->check(CLI::Range(1, 100));
   app.add_flag("--dv", o.dv, "data-varying: cycle 8 buffer sets so caches are not flattering");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help is a success; any flag refused is exit status 2, as every other bad input.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   const bool server_index_given = server_index_opt->count() > 0;
   if (argc == 1) o.compare = true;
   if (o.no_compare) o.compare = false;
