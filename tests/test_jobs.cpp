@@ -326,3 +326,26 @@ TEST(Environment, AbsurdTensorShapesThrowNotWrap) {
   EXPECT_THROW(Tensor::empty(DType::kF32, {int64_t{1} << 40, int64_t{1} << 40}), std::length_error);
   EXPECT_EQ(Tensor::empty(DType::kF32, {0, 8}).nbytes(), 0u);
 }
+
+// A rank that timed out leaves at once: it does not wait in its exit for the
+// very peer that never came (before: the whole timeout again, and more
+// across servers).
+TEST(Exit, ARankThatTimedOutLeavesPromptly) {
+  auto results = fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    if (c.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(6000));  // never takes part
+      return "";
+    }
+    Status s = fgtest::gather_bytes((*comm)->world(), 64);
+    RANK_CHECK(s.kind() == ErrorKind::kTimeout, "expected a timeout, got {}", s.to_string());
+    const auto t0 = Clock::now();
+    comm.value().reset();
+    const double took = ms_since(t0);
+    std::printf("closing the communicator after a timeout took %.1f ms\n", took);
+    RANK_CHECK(took < 1500, "closing after a timeout took {:.0f} ms (timeout 3000 ms)", took);
+    return "";
+  }, {.timeout = std::chrono::milliseconds(3000)});
+  fgtest::expect_all_ok(results);
+}

@@ -217,10 +217,24 @@ Status Communicator::Impl::start_network(Clock::time_point dl) {
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Communicator::~Communicator() {
+  // A rank leaving with a broken group (a timeout, a lost peer) ends the
+  // job: it says why in the store, so that nobody waits on it there, and
+  // rank 0 does not hold its exit for the others' goodbyes (they may be the
+  // very ranks that never came). Healthy, rank 0 waits for them as before.
+  Status broken;
+  for (auto& g : impl_->groups) {
+    const Group::Impl& gi = *g->impl();
+    if (broken.ok() && !gi.channel->broken().ok()) broken = gi.channel->broken();
+    if (broken.ok() && gi.net && !gi.net->broken().ok()) broken = gi.net->broken();
+  }
   if (impl_->ucx) impl_->close_network();
+  if (!broken.ok() && impl_->store) {
+    (void)impl_->store->set(bootstrap::kJobAbortKey, fmt::format("rank {} left after: {}", impl_->config.rank,
+                                                                 broken.to_string()));
+  }
   impl_->groups.clear();
   impl_->store.reset();  // says BYE
-  if (impl_->server) impl_->server->drain(impl_->deadline());
+  if (impl_->server && broken.ok()) impl_->server->drain(impl_->deadline());
 }
 
 int Communicator::rank() const { return impl_->config.rank; }
