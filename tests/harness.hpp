@@ -4,8 +4,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fastgather/fastgather.hpp"
@@ -50,6 +52,17 @@ std::string gather_mixed_sizes(const fastgather::Config& c, int tp, int dp, std:
 // One all-gather of `bytes` of zeros per rank into a fresh output; for tests
 // that care about the status (errors, timing), not the data.
 fastgather::Status gather_bytes(fastgather::Group& g, size_t bytes, fastgather::DType dtype = fastgather::DType::kU8);
+
+// Sets environment variables for as long as it lives.
+struct ScopedEnv {
+  explicit ScopedEnv(std::vector<std::pair<const char*, const char*>> vars) : vars_(std::move(vars)) {
+    for (auto [k, v] : vars_) ::setenv(k, v, 1);
+  }
+  ~ScopedEnv() {
+    for (auto [k, v] : vars_) ::unsetenv(k);
+  }
+  std::vector<std::pair<const char*, const char*>> vars_;
+};
 
 // Names in /dev/shm that fastgather made (fg-*).
 std::vector<std::string> fg_segments();

@@ -29,15 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct Env {
-  explicit Env(std::vector<std::pair<const char*, const char*>> vars) : vars_(std::move(vars)) {
-    for (auto [k, v] : vars_) ::setenv(k, v, 1);
-  }
-  ~Env() {
-    for (auto [k, v] : vars_) ::unsetenv(k);
-  }
-  std::vector<std::pair<const char*, const char*>> vars_;
-};
+using Env = fgtest::ScopedEnv;
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 

@@ -12,17 +12,7 @@
 
 using namespace fastgather;
 
-namespace {
-struct Env {
-  explicit Env(std::vector<std::pair<const char*, const char*>> vars) : vars_(std::move(vars)) {
-    for (auto [k, v] : vars_) ::setenv(k, v, 1);
-  }
-  ~Env() {
-    for (auto [k, v] : vars_) ::unsetenv(k);
-  }
-  std::vector<std::pair<const char*, const char*>> vars_;
-};
-}  // namespace
+using Env = fgtest::ScopedEnv;
 
 TEST(LaunchPlan, ReadsTheOriginalVariables) {
   Env e({{"TP", "3"}, {"DP", "2"}, {"SERVER_NUM", "2"}, {"SERVER_INDEX", "1"}, {"MASTER_IP", "10.0.0.7"}, {"PORT", "4567"}});
