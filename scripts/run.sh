@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(g++ cmake make pkg-config libgtest-dev libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang libclang-rt-14-dev)
+          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang libclang-rt-14-dev iproute2)
 
 deps() {
   local missing=()
