@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fastgather/status.hpp"
+#include "fastgather/store.hpp"
 
 namespace fastgather {
 
@@ -16,7 +17,7 @@ struct Config {
   int world_size = -1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int servers = 1;       // SERVER_NUM
+  int servers = 1;       // SERVER_NUM (0, with a caller's store: find out from host identities)
   int server_index = 0;  // SERVER_INDEX
   // A peer that has not arrived after this long fails the call (0: wait forever).
   // A peer whose process has died is detected within ~10 ms regardless.
@@ -41,6 +42,12 @@ class Communicator {
   // Collective over all world ranks: connects to (rank 0: hosts) the
   // rendezvous store and builds the world group.
   static Result<std::unique_ptr<Communicator>> create(const Config& config);
+  // The same over the caller's store (PyTorch's, say): nothing is listened
+  // on, master_addr/master_port are unused. With config.servers == 0 the
+  // ranks that share a host are found from their host identities (host
+  // name, boot id, network namespace, /dev/shm): shared memory among them,
+  // UCX between hosts. Never forks.
+  static Result<std::unique_ptr<Communicator>> create(const Config& config, std::shared_ptr<Store> store);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;

@@ -11,7 +11,7 @@
 
 namespace fastgather {
 
-enum class DType : uint32_t { kF32 = 1, kF16, kBF16, kF64, kI8, kU8, kI32, kI64 };
+enum class DType : uint32_t { kF32 = 1, kF16, kBF16, kF64, kI8, kU8, kI32, kI64, kI16, kBool };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);

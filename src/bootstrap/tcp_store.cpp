@@ -545,7 +545,11 @@ Result<int64_t> TcpStoreClient::add(const std::string& key, int64_t delta) {
   return static_cast<int64_t>(std::strtoll(r.value().c_str(), nullptr, 10));
 }
 
-Status TcpStoreClient::barrier(const std::string& name, int count, Clock::time_point deadline) {
+}  // namespace fastgather::bootstrap
+
+namespace fastgather {
+
+Status Store::barrier(const std::string& name, int count, Clock::time_point deadline) {
   auto n = add(name + "/arrived", 1);
   if (!n.ok()) return n.status();
   if (n.value() == count) {
@@ -559,4 +563,4 @@ Status TcpStoreClient::barrier(const std::string& name, int count, Clock::time_p
   return Status::Ok();
 }
 
-}  // namespace fastgather::bootstrap
+}  // namespace fastgather

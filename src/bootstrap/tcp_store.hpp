@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fastgather/status.hpp"
+#include "fastgather/store.hpp"
 
 namespace fastgather::bootstrap {
 
@@ -74,7 +75,7 @@ class TcpStoreServer {
   int port_ = 0;
 };
 
-class TcpStoreClient {
+class TcpStoreClient : public Store {
  public:
   // Retries refused connections (rank 0 may not listen yet) until deadline.
   // identity "rank/world" lets the store refuse a rank that already joined
@@ -83,14 +84,12 @@ class TcpStoreClient {
                                                          const std::string& token,
                                                          Clock::time_point deadline,
                                                          const std::string& identity = "");
-  ~TcpStoreClient();
+  ~TcpStoreClient() override;
 
-  Status set(const std::string& key, const std::string& value);
+  Status set(const std::string& key, const std::string& value) override;
   // Blocks until key exists or deadline passes.
-  Result<std::string> get(const std::string& key, Clock::time_point deadline);
-  Result<int64_t> add(const std::string& key, int64_t delta);
-  // All `count` participants call with the same name; returns when all have.
-  Status barrier(const std::string& name, int count, Clock::time_point deadline);
+  Result<std::string> get(const std::string& key, Clock::time_point deadline) override;
+  Result<int64_t> add(const std::string& key, int64_t delta) override;
 
  private:
   explicit TcpStoreClient(int fd) : fd_(fd) {}

@@ -108,7 +108,7 @@ std::string Group::describe() const { return impl_->label; }
 struct Communicator::Impl {
   Config config;
   std::unique_ptr<bootstrap::TcpStoreServer> server;  // world rank 0 only
-  std::unique_ptr<bootstrap::TcpStoreClient> store;
+  std::shared_ptr<Store> store;  // ours (TcpStoreClient) or the caller's
   std::string job_id;
   std::unique_ptr<transport::UcxContext> ucx;  // several servers only; outlives the groups
   // The store client is not thread-safe; groups that fail in different
@@ -127,6 +127,7 @@ struct Communicator::Impl {
   Status start_network(Clock::time_point deadline);
   // Communicator::create after connecting to the store (Ok holds null).
   Result<std::unique_ptr<Communicator>> finish_create();
+  Status find_servers(Clock::time_point deadline);
   void close_network();
 };
 
@@ -190,6 +191,9 @@ std::string host_identity() {
   }
   struct stat ns {};
   if (::stat("/proc/self/ns/net", &ns) == 0) id += fmt::format("/netns:{}:{}", ns.st_dev, ns.st_ino);
+  // Another /dev/shm (a container's own tmpfs) cannot share segments with ours.
+  struct stat shm {};
+  if (::stat("/dev/shm", &shm) == 0) id += fmt::format("/shm:{}:{}", shm.st_dev, shm.st_ino);
   return id;
 }
 
@@ -247,8 +251,17 @@ std::string Communicator::transport() const {
   return fmt::format("shared memory within a server; between servers {}", impl_->ucx->describe());
 }
 
-Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config) {
-  if (Status s = config.validate(); !s.ok()) return s;
+Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config) { return create(config, nullptr); }
+
+Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config, std::shared_ptr<Store> store) {
+  // With the caller's store there is no address to check, and servers may
+  // be 0: found from the ranks' host identities.
+  Config checked = config;
+  if (store) {
+    checked.master_port = 1;
+    if (checked.servers == 0) checked.servers = 1, checked.server_index = 0;
+  }
+  if (Status s = checked.validate(); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   transport::ShmSegment::sweep_stale();  // segments of crashed jobs on this host
@@ -257,17 +270,21 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config)
   if (Status s = bootstrap::check_environment(); !s.ok()) {
     return Status{s.kind(), fmt::format("rank {}: {}", config.rank, s.message())};
   }
-  if (config.rank == 0) {
-    auto server = bootstrap::TcpStoreServer::start(config.master_addr, config.master_port, config.token);
-    if (!server.ok()) return server.status();
-    impl->server = std::move(server).value();
+  if (store) {
+    impl->store = std::move(store);
+  } else {
+    if (config.rank == 0) {
+      auto server = bootstrap::TcpStoreServer::start(config.master_addr, config.master_port, config.token);
+      if (!server.ok()) return server.status();
+      impl->server = std::move(server).value();
+    }
+    auto client = bootstrap::TcpStoreClient::connect(config.master_addr, config.master_port, config.token, deadline,
+                                                     fmt::format("{}/{}", config.rank, config.world_size));
+    if (!client.ok()) {
+      return Status{client.status().kind(), fmt::format("rank {}: {}", config.rank, client.status().message())};
+    }
+    impl->store = std::move(client).value();
   }
-  auto client = bootstrap::TcpStoreClient::connect(config.master_addr, config.master_port, config.token, deadline,
-                                                   fmt::format("{}/{}", config.rank, config.world_size));
-  if (!client.ok()) {
-    return Status{client.status().kind(), fmt::format("rank {}: {}", config.rank, client.status().message())};
-  }
-  impl->store = std::move(client).value();
   // From here on a failure of this rank ends the job's start-up for all:
   // the others learn why at once (not at their timeout), and rank 0 keeps
   // the store up until they have read it.
@@ -280,6 +297,43 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config)
     return r.status();
   }
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+// servers == 0: which ranks share this host (and so memory) is found from
+// every rank's host identity. Hosts must hold consecutive blocks of ranks,
+// the first ones one rank more when the world does not divide evenly (the
+// layout every launcher here produces); anything else is refused by name.
+Status Communicator::Impl::find_servers(Clock::time_point dl) {
+  const std::string mine = host_identity();
+  if (Status s = store->set(fmt::format("host/{}", config.rank), mine); !s.ok()) return s;
+  std::vector<std::string> hosts;
+  std::vector<int> first;  // first rank of each distinct host, in rank order
+  for (int r = 0; r < config.world_size; ++r) {
+    auto h = store->get(fmt::format("host/{}", r), dl);
+    if (!h.ok()) return h.status();
+    if (hosts.empty() || hosts.back() != h.value()) {
+      if (std::find(hosts.begin(), hosts.end(), h.value()) != hosts.end()) {
+        return {ErrorKind::kUnsupported,
+                fmt::format("rank {} shares a host with ranks before it but not with rank {}: fastgather needs each "
+                            "host's ranks to be consecutive", r, r - 1)};
+      }
+      hosts.push_back(h.value());
+      first.push_back(r);
+    }
+  }
+  const int servers = static_cast<int>(hosts.size());
+  for (int srv = 0; srv < servers; ++srv) {
+    if (first[srv] != Config::first_rank_on_server(config.world_size, servers, srv)) {
+      return {ErrorKind::kUnsupported,
+              fmt::format("{} ranks on {} hosts are not in even consecutive blocks (host {} starts at rank {}, expected "
+                          "{}); fastgather needs that layout",
+                          config.world_size, servers, srv, first[srv],
+                          Config::first_rank_on_server(config.world_size, servers, srv))};
+    }
+  }
+  config.servers = servers;
+  config.server_index = config.server_of(config.rank);
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::Impl::finish_create() {
@@ -296,6 +350,11 @@ Result<std::unique_ptr<Communicator>> Communicator::Impl::finish_create() {
     impl->job_id = job.value();
   }
 
+  if (config.servers == 0) {
+    if (Status s = find_servers(deadline); !s.ok()) {
+      return Status{s.kind(), fmt::format("rank {}: finding which ranks share a host: {}", config.rank, s.message())};
+    }
+  }
   if (config.servers > 1) {
     if (Status s = impl->start_network(deadline); !s.ok()) {
       return Status{s.kind(), fmt::format("rank {}: starting the inter-server transport: {}", config.rank, s.message())};
@@ -438,7 +497,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
                                               addresses, policy, label);
     if (!net.ok()) return where(net.status());
     impl->net = std::move(net).value();
-    bootstrap::TcpStoreClient* st = store.get();
+    Store* st = store.get();
     std::mutex* mu = &store_mu;
     const std::string fail_key = key + "/failure";
     impl->publish_failure = [st, mu, fail_key](const Status& s) {

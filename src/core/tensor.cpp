@@ -22,6 +22,8 @@ size_t dtype_size(DType d) {
     case DType::kU8: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kI16: return 2;
+    case DType::kBool: return 1;
   }
   return 0;
 }
@@ -36,6 +38,8 @@ const char* dtype_name(DType d) {
     case DType::kU8: return "uint8";
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
+    case DType::kI16: return "int16";
+    case DType::kBool: return "bool";
   }
   return "invalid-dtype";
 }
@@ -50,7 +54,7 @@ bool parse_dtype(const std::string& t, DType* out) {
       {"fp16", DType::kF16},  {"f16", DType::kF16},   {"float16", DType::kF16}, {"half", DType::kF16},
       {"bf16", DType::kBF16}, {"bfloat16", DType::kBF16}, {"fp64", DType::kF64}, {"f64", DType::kF64},
       {"float64", DType::kF64}, {"int8", DType::kI8}, {"uint8", DType::kU8}, {"int32", DType::kI32},
-      {"int64", DType::kI64},
+      {"int64", DType::kI64}, {"int16", DType::kI16}, {"bool", DType::kBool},
   };
   for (const auto& n : kNames) {
     if (t == n.text) {
