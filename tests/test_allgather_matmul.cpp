@@ -78,13 +78,16 @@ std::string run_case(const Config& c, const Case& cs) {
   const int w = g.size();
   const DType d = cs.dtype;
   for (int seed = 1; seed <= 3; ++seed) {
+    // The second call flips the bias: a call without one right after a call
+    // with one, on the same group (its scratch once leaked the old bias).
+    const bool use_bias = (seed == 2) != cs.bias;
     Tensor x1 = make_x1(d, cs.m, cs.k, c.rank, seed);
     Tensor x2 = make_x1(d, cs.k, cs.n, 999, seed);  // same on every rank
     Tensor bias = make_x1(d, 1, cs.n, 555, seed);
     Tensor out = Tensor::empty(d, {cs.m * w, cs.n});
     Tensor gathered = Tensor::empty(d, {cs.m * w, cs.k});
     std::optional<TensorView> bias_view;
-    if (cs.bias) bias_view = TensorView(bias.data(), d, {cs.n});
+    if (use_bias) bias_view = TensorView(bias.data(), d, {cs.n});
     AllGatherMatmulOptions opt;
     opt.gather_output = cs.gather_output;
     opt.algorithm = cs.algorithm;
@@ -99,7 +102,7 @@ std::string run_case(const Config& c, const Case& cs) {
       }
       for (int64_t i = 0; i < cs.m; ++i) {
         for (int64_t j = 0; j < cs.n; ++j) {
-          double ref = cs.bias ? load(d, bias.data(), static_cast<size_t>(j)) : 0.0;
+          double ref = use_bias ? load(d, bias.data(), static_cast<size_t>(j)) : 0.0;
           double mag = std::fabs(ref);
           for (int64_t p = 0; p < cs.k; ++p) {
             double t = static_cast<double>(load(d, xr.data(), static_cast<size_t>(i * cs.k + p))) *

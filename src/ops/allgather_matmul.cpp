@@ -104,8 +104,11 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
     B = b_buf;
     a_buf = b_buf + k * n;
     c_buf = a_buf + block_rows * k;
-    bias_f = c_buf + block_rows * n;
-    if (bias) ops::to_float(dt, bias->data, bias_f, n);
+    // Only when there is a bias: the scratch still holds the last call's.
+    if (bias) {
+      bias_f = c_buf + block_rows * n;
+      ops::to_float(dt, bias->data, bias_f, n);
+    }
   } else if (bias) {
     bias_f = static_cast<float*>(bias->data);
   }

@@ -1,0 +1,67 @@
+"""fastgather as a torch.distributed backend, with real rank processes
+(workers.py), beside gloo. Run with Debian's python3 (it imports torch) and
+PYTHONPATH pointing at the build's python/ folder."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fg_segments():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("fg-")}
+
+
+def run_ranks(world, name, *args, timeout=240):
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "workers.py"), name, str(r), str(world), str(port)]
+                              + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            out += f"\n(hung: killed after {timeout} s)"
+        outs.append((p.returncode, out))
+    failed = [f"rank {r} exited {rc}:\n{out[-3000:]}" for r, (rc, out) in enumerate(outs) if rc != 0]
+    assert not failed, "\n".join(failed)
+    return [out for _, out in outs]
+
+
+@pytest.mark.parametrize("world,tp,dp", [(2, 1, 2), (4, 1, 4), (4, 2, 2)])
+def test_ops_every_dtype_match_expected_and_gloo(world, tp, dp):
+    run_ranks(world, "ops", tp, dp)
+
+
+@pytest.mark.parametrize("world,tp,dp", [(2, 1, 2), (4, 2, 2)])
+def test_fused_op_against_float64_reference(world, tp, dp):
+    run_ranks(world, "fused", tp, dp)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_errors_raise_on_every_rank_and_the_group_stays_usable(world):
+    run_ranks(world, "errors")
+
+
+def test_dead_peer_raises_within_the_timeout_and_leaves_nothing():
+    before = fg_segments()
+    outs = run_ranks(3, "dead_peer")
+    assert "dead peer raised" in outs[0], outs[0]
+    assert fg_segments() <= before, f"left in /dev/shm: {fg_segments() - before}"
+
+
+def test_importing_twice_is_harmless():
+    run_ranks(2, "import_twice")
