@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(g++ cmake make pkg-config libgtest-dev libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang libclang-rt-14-dev iproute2)
+          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang libclang-rt-14-dev iproute2
+          python3 python3-dev python3-torch libtorch-dev python3-pybind11 python3-numpy python3-pytest)
 
 deps() {
   local missing=()

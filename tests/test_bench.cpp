@@ -35,6 +35,7 @@ TEST(Stats, SlowestRankPerIterationAndBandwidths) {
   auto v = slowest_per_iteration({{1, 5, 3}, {2, 4, 9}, {0, 6, 1}});
   EXPECT_EQ(v, (std::vector<double>{2, 6, 9}));
   // nccl-tests: 2 ranks x 96 KiB in 10 us: algbw = 196608 B / 10 us = 19.66 GB/s, busbw = half.
+  EXPECT_NEAR(effective_gbs(98304, 256), 0.384, 1e-9);  // the original: 96 KB in 0.256 ms = 0.38 GB/s
   EXPECT_NEAR(algbw_gbs(98304, 2, 10), 19.6608, 1e-9);
   EXPECT_NEAR(busbw_gbs(98304, 2, 10), 9.8304, 1e-9);
   EXPECT_NEAR(busbw_gbs(1000, 4, 1), 3.0, 1e-12);  // 4 KB in 1 us = 4 GB/s, x 3/4

@@ -316,8 +316,9 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
     }
   }
   if (std::string t = format_phases(rows); !t.empty()) out += t + "\n";
-  out += "Latency per iteration is the slowest rank's. Effective bandwidth = algbw = total gathered bytes / avg latency; "
-         "busbw = algbw x (n-1)/n (nccl-tests). limit: docs/benchmarks.md.\n";
+  out += "Latency per iteration is the slowest rank's. Effective bandwidth = per-rank bytes / avg latency (the original "
+         "script's definition); algbw = total gathered bytes / avg latency; busbw = algbw x (n-1)/n (nccl-tests). "
+         "limit: docs/benchmarks.md.\n";
   return out;
 }
 

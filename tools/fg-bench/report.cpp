@@ -20,12 +20,12 @@ std::string human_bytes(double b) {
 
 std::string format_table(const std::string& title, const std::vector<Row>& rows) {
   std::string s = fmt::format("### {}\n\n", title);
-  s += "| m | per-rank data | avg latency (ms) | effective bandwidth GB/s | median (ms) | p99 (ms) | busbw GB/s | iters | check |\n";
-  s += "|---:|---:|---:|---:|---:|---:|---:|---:|:---|\n";
+  s += "| m | per-rank data | avg latency (ms) | effective bandwidth GB/s | median (ms) | p99 (ms) | algbw GB/s | busbw GB/s | iters | check |\n";
+  s += "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|\n";
   for (const Row& r : rows) {
-    s += fmt::format("| {} | {} | {:.4f} | {:.2f} | {:.4f} | {:.4f} | {:.2f} | {} | {} |\n", r.m,
-                     human_bytes(static_cast<double>(r.bytes_per_rank)), r.lat.avg / 1e3, r.algbw_gbs,
-                     r.lat.median / 1e3, r.lat.p99 / 1e3, r.busbw_gbs, r.iters, r.check);
+    s += fmt::format("| {} | {} | {:.4f} | {:.2f} | {:.4f} | {:.4f} | {:.2f} | {:.2f} | {} | {} |\n", r.m,
+                     human_bytes(static_cast<double>(r.bytes_per_rank)), r.lat.avg / 1e3, r.effective_gbs,
+                     r.lat.median / 1e3, r.lat.p99 / 1e3, r.algbw_gbs, r.busbw_gbs, r.iters, r.check);
   }
   return s;
 }
@@ -121,6 +121,7 @@ nlohmann::json row_json(const Row& r) {
       {"p99_us", r.lat.p99},
       {"min_us", r.lat.min},
       {"max_us", r.lat.max},
+      {"effective_gbs", r.effective_gbs},
       {"algbw_gbs", r.algbw_gbs},
       {"busbw_gbs", r.busbw_gbs},
       {"check", r.check},
@@ -145,7 +146,7 @@ std::string validate_report_json(const nlohmann::json& j) {
   if (!j.contains("config") || !j["config"].is_object()) return "config missing";
   if (!j.contains("rows") || !j["rows"].is_array()) return "rows missing";
   static const char* kNumbers[] = {"m", "bytes_per_rank", "world", "group_size", "iters", "avg_us", "median_us",
-                                   "p99_us", "min_us", "algbw_gbs", "busbw_gbs"};
+                                   "p99_us", "min_us", "effective_gbs", "algbw_gbs", "busbw_gbs"};
   for (size_t i = 0; i < j["rows"].size(); ++i) {
     const auto& r = j["rows"][i];
     for (const char* f : {"op", "impl", "dtype", "check"}) {

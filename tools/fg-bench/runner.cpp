@@ -120,6 +120,7 @@ Result<Row> Runner::measure(Case& c) {
   row.trial_median_min = *std::min_element(trial_medians.begin(), trial_medians.end());
   row.trial_median_max = *std::max_element(trial_medians.begin(), trial_medians.end());
   row.skew_us = summarize(skews).avg;
+  row.effective_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
   row.algbw_gbs = algbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
   row.busbw_gbs = busbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
 

@@ -28,7 +28,7 @@ struct Row {
   int world = 0, group_size = 0;
   size_t iters = 0;
   Stats lat;  // microseconds, slowest rank per iteration
-  double algbw_gbs = 0, busbw_gbs = 0;
+  double effective_gbs = 0, algbw_gbs = 0, busbw_gbs = 0;
   std::string check = "off";  // ok, off, failed
   int trials = 1;
   double trial_median_min = 0, trial_median_max = 0;  // spread of the trials' medians

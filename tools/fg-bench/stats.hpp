@@ -51,6 +51,9 @@ inline std::vector<double> slowest_per_iteration(const std::vector<std::vector<d
 
 // nccl-tests: S = total bytes gathered (bytes_per_rank * ranks), algbw = S/t,
 // busbw = algbw * (n-1)/n. GB/s with t in microseconds.
+// The original script's "effective bandwidth": the bytes one rank
+// contributes over the average latency (96 KB / 0.256 ms = 0.38 GB/s).
+inline double effective_gbs(double bytes_per_rank, double t_us) { return t_us > 0 ? bytes_per_rank / t_us / 1e3 : 0; }
 inline double algbw_gbs(double bytes_per_rank, int ranks, double t_us) {
   return t_us > 0 ? bytes_per_rank * ranks / (t_us * 1e3) : 0;
 }
