@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""torch.distributed all-gather, gloo beside fastgather, and fg-bench's C++
+call of the same size, in one command (2 local ranks by default):
+
+    PYTHONPATH=build/python /usr/bin/python3 tools/torch-bench/torch_bench.py --fg-bench build/tools/fg-bench/fg-bench
+
+Per backend: dist.all_gather (list), dist.all_gather_into_tensor (gloo
+has no _allgather_base in torch 1.13: 'unsupported'), and the fused op
+(fastgather.all_gather_base_mm) against gloo all-gather + torch matmul.
+Medians over iterations of the slowest rank; fp32 (m, 3072) for the
+gathers, fp16 (2m, 3072) @ (3072, 16) for the matmul rows (same bytes).
+Then fg-bench runs the same sizes with the C++ API, medians too.
+"""
+import argparse
+import datetime
+import multiprocessing
+import os
+import re
+import statistics
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+
+HIDDEN, N = 3072, 16
+MS = [8, 32, 128, 512, 2048]  # 96 KB .. 24 MB per rank in fp32
+
+
+def median_slowest(fn, iters, group):
+    for _ in range(5):
+        fn()
+    samples = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    t = torch.tensor(samples, dtype=torch.float64)
+    every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, t)  # the gloo world
+    return statistics.median(torch.stack(every).max(dim=0).values.tolist())
+
+
+def rank_main(rank, world, port, q):
+    import fastgather
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    results = {}
+    for backend in ["gloo", "fastgather"]:
+        g = dist.new_group(list(range(world)), backend=backend)
+        for m in MS:
+            iters = max(10, 400 // max(1, m // 16))
+            x = torch.randn(m, HIDDEN)
+            outs = [torch.empty_like(x) for _ in range(world)]
+            flat = torch.empty(world * m, HIDDEN)
+            results[(backend, "list", m)] = median_slowest(lambda: dist.all_gather(outs, x, group=g), iters, g)
+            try:
+                dist.all_gather_into_tensor(flat, x, group=g)
+                results[(backend, "tensor", m)] = median_slowest(lambda: dist.all_gather_into_tensor(flat, x, group=g),
+                                                                 iters, g)
+            except RuntimeError:
+                results[(backend, "tensor", m)] = None
+            x1 = torch.randn(2 * m, HIDDEN).half()
+            x2 = (torch.randn(HIDDEN, N) / HIDDEN ** 0.5).half()
+            if backend == "fastgather":
+                hcom = fastgather.get_comm_name(g, rank)
+                fn = lambda: fastgather.all_gather_base_mm(x1, x2, hcom, world)
+            else:
+                gathered = [torch.empty_like(x1) for _ in range(world)]
+                w32 = x2.float()
+
+                def fn():
+                    dist.all_gather(gathered, x1, group=g)
+                    return (torch.cat(gathered).float() @ w32).half()
+            results[(backend, "matmul", m)] = median_slowest(fn, iters, g)
+    if rank == 0:
+        q.put(results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fg_bench_medians(exe, world, port):
+    out = subprocess.run([exe, "--m", ",".join(map(str, MS)), "--ops", "all_gather", "--no-compare", "--no-limits",
+                          "--port", str(port)], env=dict(os.environ, TP="1", DP=str(world), FG_NO_MPIRUN="1"),
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    medians = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 6 and cells[0].isdigit():
+            medians[int(cells[0])] = float(cells[4]) / 1e3  # median (ms) column
+    return medians
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--fg-bench", default="", help="fg-bench binary for the C++ column")
+    a = ap.parse_args()
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, a.ranks, a.port, q)) for r in range(a.ranks)]
+    for p in procs:
+        p.start()
+    res = q.get(timeout=1200)
+    for p in procs:
+        p.join()
+    cxx = fg_bench_medians(a.fg_bench, a.ranks, a.port + 1) if a.fg_bench else {}
+
+    def us(v):
+        return "unsupported" if v is None else f"{v * 1e6:.1f}"
+
+    print(f"torch {torch.__version__}, {a.ranks} ranks, {os.cpu_count()} CPUs; medians (us) of the slowest rank\n")
+    print("| per-rank data | gloo all_gather | gloo all_gather_into_tensor | fastgather all_gather | "
+          "fastgather all_gather_into_tensor | fg-bench C++ all_gather | gloo / fastgather (list) | "
+          "gloo all_gather + matmul | fastgather all_gather_base_mm |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for m in MS:
+        kb = m * HIDDEN * 4 / 1024
+        size = f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
+        gl, fl = res[("gloo", "list", m)], res[("fastgather", "list", m)]
+        print(f"| {size} | {us(gl)} | {us(res[('gloo', 'tensor', m)])} | {us(fl)} | {us(res[('fastgather', 'tensor', m)])} | "
+              f"{us(cxx.get(m))} | {gl / fl:.1f}x | {us(res[('gloo', 'matmul', m)])} | {us(res[('fastgather', 'matmul', m)])} |")
+
+
+if __name__ == "__main__":
+    main()
