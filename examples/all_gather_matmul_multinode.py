@@ -55,7 +55,7 @@ def server_block(world, servers, index):
 
 
 def timed(fn, iters, group):
-    for _ in range(3):
+    for _ in range(20):  # warm-up: caches, the ring gone round once
         fn()
     dist.barrier(group=group)
     t0 = time.perf_counter()
