@@ -21,7 +21,7 @@ def fg_segments():
     return {n for n in os.listdir("/dev/shm") if n.startswith("fg-")}
 
 
-def run_ranks(world, name, *args, timeout=240):
+def run_ranks(world, name, *args, timeout=240, killed=()):
     port = free_port()
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "workers.py"), name, str(r), str(world), str(port)]
                               + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -36,7 +36,8 @@ def run_ranks(world, name, *args, timeout=240):
             out, _ = p.communicate()
             out += f"\n(hung: killed after {timeout} s)"
         outs.append((p.returncode, out))
-    failed = [f"rank {r} exited {rc}:\n{out[-3000:]}" for r, (rc, out) in enumerate(outs) if rc != 0]
+    failed = [f"rank {r} exited {rc}:\n{out[-3000:]}" for r, (rc, out) in enumerate(outs)
+              if rc != (-9 if r in killed else 0)]
     assert not failed, "\n".join(failed)
     return [out for _, out in outs]
 
@@ -58,10 +59,15 @@ def test_errors_raise_on_every_rank_and_the_group_stays_usable(world):
 
 def test_dead_peer_raises_within_the_timeout_and_leaves_nothing():
     before = fg_segments()
-    outs = run_ranks(3, "dead_peer")
+    outs = run_ranks(3, "dead_peer", killed={2})  # rank 2 SIGKILLs itself
     assert "dead peer raised" in outs[0], outs[0]
     assert fg_segments() <= before, f"left in /dev/shm: {fg_segments() - before}"
 
 
 def test_importing_twice_is_harmless():
     run_ranks(2, "import_twice")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fastgather_as_the_world_backend(world):
+    run_ranks(world, "world_backend")

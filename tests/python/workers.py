@@ -4,6 +4,7 @@ The world group is gloo (the reference); fastgather serves new_group.
 Exit status 0 means every check held; otherwise the failure is on stderr."""
 import datetime
 import os
+import signal
 import sys
 import time
 
@@ -153,7 +154,7 @@ def dead_peer(rank, world):
     x = torch.zeros(16)
     dist.all_gather([torch.empty(16) for _ in range(world)], x, group=fg)
     if rank == world - 1:
-        os._exit(0)  # dies without a word
+        os.kill(os.getpid(), signal.SIGKILL)  # dies without a word
     t0 = time.monotonic()
     try:
         dist.all_gather([torch.empty(16) for _ in range(world)], x, group=fg)
@@ -217,10 +218,29 @@ def import_twice(rank, world):
     dist.barrier(group=fg)
 
 
+def world_backend(rank, world):
+    """fastgather as the world's backend (init_process_group("fastgather")), with TP groups inside."""
+    check(dist.get_backend() == "fastgather", dist.get_backend())
+    x = pattern(rank, torch.float32, (5, 7))
+    outs = [torch.empty(5, 7) for _ in range(world)]
+    dist.all_gather(outs, x)
+    check(all(same_bytes(o, pattern(r, torch.float32, (5, 7))) for r, o in enumerate(outs)), "world all_gather")
+    flat = torch.empty(world * 5, 7)
+    dist.all_gather_into_tensor(flat, x)
+    check(same_bytes(flat, torch.cat([pattern(r, torch.float32, (5, 7)) for r in range(world)])), "world tensor form")
+    if world % 2 == 0:
+        g, ranks = groups(world, 2, world // 2, "fastgather")
+        outs = [torch.empty(5, 7) for _ in ranks]
+        dist.all_gather(outs, x, group=g)
+        check(all(same_bytes(o, pattern(r, torch.float32, (5, 7))) for r, o in zip(ranks, outs)), "TP group")
+    dist.barrier()
+
+
 def main():
     name, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     args = [int(a) for a in sys.argv[5:]]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    backend = "fastgather" if name == "world_backend" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     globals()[name](rank, world, *args)
     dist.barrier()
