@@ -8,7 +8,9 @@
 # making both exit non-zero. Skipped, with the reason, where namespaces
 # cannot be made (not root, no iproute2).
 set -u
-BENCH=${1:?usage: netns_two_hosts.sh path/to/fg-bench}
+BENCH=${1:?usage: netns_two_hosts.sh path/to/fg-bench [python3 path/to/build/python]}
+PY=${2:-} PYPATH=${3:-}
+WORKERS=$(cd "$(dirname "$0")" && pwd)/python/workers.py
 A=fgA$$ B=fgB$$ VA=fgva$$ VB=fgvb$$
 IP_A=10.231.$((RANDOM % 200 + 20)).1
 IP_B=${IP_A%.1}.2
@@ -64,5 +66,17 @@ check groups '[ "$(rc groups 0)" = 0 ] && [ "$(rc groups 1)" = 0 ] && [ "$(grep 
 run mismatch 1 4 "$ARGS" "${ARGS/--hidden 3072/--hidden 1024}"
 check mismatch '[ "$(rc mismatch 0)" != 0 ] && [ "$(rc mismatch 1)" != 0 ]' "a mismatch makes both servers exit non-zero"
 check mismatch 'grep -q "Mismatch" "$TMP/mismatch.0.out" "$TMP/mismatch.1.out"' "and the mismatch is named"
+# From PyTorch: one rank per host, the world gloo, a fastgather group across the hosts (UCX).
+if [ -n "$PY" ]; then
+  port=$((29900 + RANDOM % 90))
+  for r in 0 1; do
+    ns=$A dev=$VA; [ $r = 1 ] && ns=$B dev=$VB
+    (ip netns exec "$ns" env PYTHONPATH="$PYPATH" FG_TEST_MASTER="$IP_A" GLOO_SOCKET_IFNAME="$dev" \
+       timeout 300 "$PY" "$WORKERS" across_hosts $r 2 $port \
+       >"$TMP/torch.$r.out" 2>&1; echo $? >"$TMP/torch.$r.rc") &
+  done
+  wait
+  check torch '[ "$(rc torch 0)" = 0 ] && [ "$(rc torch 1)" = 0 ]' "torch.distributed across two hosts: every byte right over UCX"
+fi
 echo "netns_two_hosts: $fails failed"
 [ "$fails" = 0 ]

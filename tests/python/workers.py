@@ -236,11 +236,34 @@ def world_backend(rank, world):
     dist.barrier()
 
 
+def across_hosts(rank, world):
+    """Ranks on different hosts (network namespaces): UCX between them, every byte right."""
+    fg = dist.new_group(list(range(world)), backend="fastgather", timeout=datetime.timedelta(seconds=30))
+    check("UCX" in fastgather.transport(fg), fastgather.transport(fg))
+    for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.bool]:
+        for shape in [(7,), (8, 3072), (512, 3072)]:
+            x = pattern(rank, dtype, shape)
+            outs = [torch.empty(shape, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, x, group=fg)
+            check(all(same_bytes(o, pattern(r, dtype, shape)) for r, o in enumerate(outs)), f"{dtype} {shape}")
+            flat = torch.empty((world * shape[0],) + tuple(shape[1:]), dtype=dtype)
+            dist.all_gather_into_tensor(flat, x, group=fg)
+            check(same_bytes(flat, torch.cat([pattern(r, dtype, shape) for r in range(world)])), f"tensor {dtype} {shape}")
+    x1 = pattern(rank, torch.float16, (16, 64))
+    x2 = torch.ones(64, 8, dtype=torch.float16)
+    out, gathered = fastgather.all_gather_base_mm(x1, x2, fg, world)
+    full = torch.cat([pattern(r, torch.float16, (16, 64)) for r in range(world)])
+    check(same_bytes(gathered, full), "fused gather_out")
+    check(torch.equal(out.double(), (full.double() @ x2.double()).half().double()), "fused output")
+    print(f"rank {rank}: {fastgather.transport(fg)}", file=sys.stderr)
+
+
 def main():
     name, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     args = [int(a) for a in sys.argv[5:]]
     backend = "fastgather" if name == "world_backend" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    master = os.environ.get("FG_TEST_MASTER", "127.0.0.1")  # another host's address in the netns test
+    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     globals()[name](rank, world, *args)
     dist.barrier()
