@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <set>
 
+#include "base/env.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
 
@@ -119,4 +123,22 @@ TEST(RunLocalRanks, ARankStartedByASpawnerRunsOnlyItself) {
   });
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(calls, 1);
+}
+
+// The README's table of environment variables and the one the code reads
+// (base/env.cpp) name the same variables, and `fg-bench --help-env` prints the latter.
+TEST(Environment, TheReadmeTableMatchesTheCode) {
+  std::ifstream f(std::string(FG_SOURCE_DIR) + "/README.md");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t start = text.find("## Environment");
+  ASSERT_NE(start, std::string::npos);
+  const std::string section = text.substr(start, text.find("\n## ", start + 1) - start);
+  std::set<std::string> in_readme;
+  const std::regex name(R"(`((?:FG_|TP|DP|SERVER_|MASTER_|PORT)[A-Z_]*)`)");
+  for (std::sregex_iterator it(section.begin(), section.end(), name), end; it != end; ++it) in_readme.insert((*it)[1]);
+  std::set<std::string> in_code;
+  for (const auto& v : base::env_table()) in_code.insert(v.name);
+  EXPECT_EQ(in_readme, in_code);
+  const std::string help = environment_help();
+  for (const auto& v : in_code) EXPECT_NE(help.find(v), std::string::npos) << v;
 }

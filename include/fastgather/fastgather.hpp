@@ -4,3 +4,4 @@
 #include "fastgather/ops.hpp"
 #include "fastgather/status.hpp"
 #include "fastgather/tensor.hpp"
+#include "fastgather/version.hpp"

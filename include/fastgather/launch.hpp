@@ -39,6 +39,10 @@ struct LaunchPlan {
   int first_local_rank_of(int server) const { return Config::first_rank_on_server(world_size(), servers, server); }
 };
 
+// Every environment variable fastgather reads: name, what it accepts, meaning
+// and default, one a line (all are checked before anything is forked).
+std::string environment_help();
+
 // Reads TP, DP, SERVER_NUM, SERVER_INDEX, MASTER_IP, PORT, FG_TIMEOUT_MS and
 // FG_TOKEN over `defaults`.
 Result<LaunchPlan> launch_plan_from_env(LaunchPlan defaults = {});

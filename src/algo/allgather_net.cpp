@@ -1,5 +1,7 @@
 #include "algo/allgather_net.hpp"
 
+#include "base/env.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -16,11 +18,7 @@ using transport::NetIov;
 using transport::PostHeader;
 using transport::ShmChannel;
 
-size_t env_bytes(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return std::strtoull(v, nullptr, 10);
-}
+size_t env_bytes(const char* name, size_t fallback) { return base::env_count_or(name, fallback); }
 
 double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
 

@@ -1,5 +1,7 @@
 #include "algo/copy_in.hpp"
 
+#include "base/env.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
@@ -46,10 +48,9 @@ void copy_into_ring(CopyIn how, std::byte* dst, const std::byte* src, size_t len
 }
 
 CopyInChooser::CopyInChooser() {
-  if (const char* v = std::getenv("FG_COPY_IN")) {
-    if (std::string_view(v) == "cached") forced_ = static_cast<int>(CopyIn::kCached);
-    if (std::string_view(v) == "streaming") forced_ = static_cast<int>(CopyIn::kStreaming);
-  }
+  auto v = base::env_word("FG_COPY_IN");  // checked by base::check_environment()
+  if (v.ok() && v.value() == "cached") forced_ = static_cast<int>(CopyIn::kCached);
+  if (v.ok() && v.value() == "streaming") forced_ = static_cast<int>(CopyIn::kStreaming);
 }
 
 size_t CopyInChooser::size_class(size_t bytes) {

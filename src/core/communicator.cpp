@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "bootstrap/env.hpp"
+#include "base/env.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "core/group_impl.hpp"
 #include "transport/net_channel.hpp"
@@ -33,8 +33,8 @@ namespace {
 constexpr size_t kDefaultRingBytes = 4 << 20;
 
 size_t ring_bytes_from_env() {
-  // Checked by bootstrap::check_environment() in Communicator::create.
-  auto v = bootstrap::env_count("FG_RING_BYTES");
+  // Checked by base::check_environment() in Communicator::create.
+  auto v = base::env_count("FG_RING_BYTES");
   if (!v.ok() || !v.value()) return kDefaultRingBytes;
   return (*v.value() + 4095) / 4096 * 4096;
 }
@@ -267,7 +267,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config,
   transport::ShmSegment::sweep_stale();  // segments of crashed jobs on this host
 
   const auto deadline = impl->deadline();
-  if (Status s = bootstrap::check_environment(); !s.ok()) {
+  if (Status s = base::check_environment(); !s.ok()) {
     return Status{s.kind(), fmt::format("rank {}: {}", config.rank, s.message())};
   }
   if (store) {

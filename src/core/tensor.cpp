@@ -1,5 +1,7 @@
 #include "fastgather/tensor.hpp"
 
+#include "base/env.hpp"
+
 #include <sys/mman.h>
 
 #include <bit>
@@ -92,7 +94,7 @@ Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
   // Large tensors on 2 MiB boundaries, offered to transparent huge pages (as
   // PyTorch's CPU allocator does): fewer TLB misses when a collective streams them.
   constexpr size_t kHuge = size_t{2} << 20;
-  const bool huge = bytes >= kHuge && std::getenv("FG_NO_HUGEPAGES") == nullptr;
+  const bool huge = bytes >= kHuge && !base::env_flag("FG_NO_HUGEPAGES");
   if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
   void* p = std::aligned_alloc(huge ? kHuge : 64, bytes == 0 ? 64 : bytes);
   if (p == nullptr) throw std::bad_alloc();

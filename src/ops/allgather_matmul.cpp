@@ -8,6 +8,7 @@
 
 #include "algo/allgather.hpp"
 #include "core/group_impl.hpp"
+#include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/convert.hpp"
 #include "ops/validate.hpp"
@@ -165,7 +166,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
     if (!is_f32) ops::from_float(dt, c_buf, out_bytes + row0 * n * elt, rows * n);
   };
 
-  Status st = run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  Status st = ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     const size_t first_row = static_cast<size_t>(member) * m + off / row_bytes;
     if (keep) {
       std::byte* dst = kept + first_row * row_bytes;

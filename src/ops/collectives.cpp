@@ -2,6 +2,7 @@
 
 #include "algo/allgather.hpp"
 #include "core/group_impl.hpp"
+#include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/validate.hpp"
 
@@ -55,7 +56,7 @@ Status all_gather(Group& group, const TensorView& input, const TensorView& outpu
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &group.impl()->copy_in;
-  return run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  return ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) std::memcpy(dst, src, len);
   }, options.stats);
@@ -86,7 +87,7 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &group.impl()->copy_in;
-  return run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  return ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) std::memcpy(dst, src, len);
   }, options.stats);
@@ -95,7 +96,7 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
 Status barrier(Group& group) {
   algo::GatherCall call;
   call.op = algo::OpCode::kBarrier;
-  return run_gather(group, call, [](int, size_t, const std::byte*, size_t) {});
+  return ops::run_gather(group, call, [](int, size_t, const std::byte*, size_t) {});
 }
 
 }  // namespace fastgather

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "fastgather/status.hpp"
-#include "transport/shm_channel.hpp"  // WaitPolicy
+#include "transport/wait_policy.hpp"
 
 namespace fastgather::transport {
 

@@ -1,5 +1,7 @@
 #include "transport/shm_channel.hpp"
 
+#include "base/env.hpp"
+
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
@@ -51,9 +53,8 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
 }
 
 std::chrono::nanoseconds env_us(const char* name, std::chrono::nanoseconds fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return std::chrono::microseconds(std::strtoll(v, nullptr, 10));
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(fallback).count();
+  return std::chrono::microseconds(base::env_count_or(name, static_cast<uint64_t>(us)));
 }
 
 }  // namespace

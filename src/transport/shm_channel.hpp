@@ -30,6 +30,7 @@
 
 #include "fastgather/status.hpp"
 #include "transport/shm_segment.hpp"
+#include "transport/wait_policy.hpp"
 
 namespace fastgather::transport {
 
@@ -65,14 +66,6 @@ struct alignas(64) MemberLine {
 struct MemberCtl {
   PostLine post[2];
   MemberLine wake;
-};
-
-struct WaitPolicy {
-  std::chrono::nanoseconds spin{20'000};
-  std::chrono::nanoseconds yield{200'000};
-  std::chrono::milliseconds timeout{5000};  // 0: never
-  // Reads FG_SPIN_US and FG_YIELD_US; spins less when members outnumber cores.
-  static WaitPolicy for_members(int members, std::chrono::milliseconds timeout);
 };
 
 class ShmChannel {

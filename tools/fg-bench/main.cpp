@@ -478,6 +478,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-limits", o.no_limits, "skip measuring the machine's limits");
   app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples")->check(CLI::Range(1, 100));
   app.add_flag("--dv", o.dv, "data-varying: cycle 8 buffer sets so caches are not flattering");
+  app.add_flag_callback("--help-env", [] {
+    std::fputs(environment_help().c_str(), stdout);
+    throw CLI::Success();
+  }, "print every environment variable fastgather reads, and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

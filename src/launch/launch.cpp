@@ -1,5 +1,8 @@
-// The original script's launch: TP, DP, SERVER_NUM, SERVER_INDEX, MASTER_IP
-// and PORT; this server's ranks become processes forked here.
+// src/launch: the launcher's room. The original script's launch (TP, DP, SERVER_NUM,
+// SERVER_INDEX, MASTER_IP, PORT), the one fork-and-supervise loop
+// (run_processes) that the library's launch helper and fg-bench use,
+// CPU binding, and the sweep of a job's segments. Above transport (it sweeps
+// shared memory), beside core (it never builds a communicator itself).
 #include <sched.h>
 #include <sys/prctl.h>
 #include <signal.h>
@@ -18,14 +21,14 @@
 #include <fmt/format.h>
 
 #include "fastgather/launch.hpp"
-#include "bootstrap/env.hpp"
+#include "base/env.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace fastgather {
 namespace {
 
 Status read_int(const char* name, int* out) {
-  auto v = bootstrap::env_count(name);
+  auto v = base::env_count(name);
   if (!v.ok()) return v.status();
   if (v.value()) *out = static_cast<int>(*v.value());
   return Status::Ok();
@@ -61,7 +64,7 @@ int allowed_cpus() {
 // stays on one allowed CPU, so two ranks never share a core and caches stay
 // warm. FG_BIND=none turns it off.
 bool should_bind(int local_ranks, int cpus) {
-  auto v = bootstrap::env_word("FG_BIND");
+  auto v = base::env_word("FG_BIND");
   if (v.ok() && v.value() && *v.value() == "none") return false;
   return local_ranks <= cpus;
 }
@@ -130,7 +133,7 @@ Result<LaunchPlan> launch_plan_from_env(LaunchPlan p) {
     if (Status s = read_int(name, field); !s.ok()) return s;
   }
   if (const char* ip = std::getenv("MASTER_IP"); ip != nullptr && *ip != '\0') p.master_ip = ip;
-  if (Status s = bootstrap::check_environment(); !s.ok()) return s;
+  if (Status s = base::check_environment(); !s.ok()) return s;
   if (const char* tok = std::getenv("FG_TOKEN"); tok != nullptr) p.token = tok;
   if (Status s = p.validate(); !s.ok()) return s;
   return p;
@@ -271,6 +274,8 @@ int run_processes(int count, const std::function<int(int index)>& body, const Pr
   if (stopped_by != 0) return 128 + stopped_by;
   return failed;
 }
+
+std::string environment_help() { return base::describe_environment(); }
 
 int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config&)>& body) {
   if (Status s = plan.validate(); !s.ok()) {

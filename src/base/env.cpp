@@ -1,11 +1,12 @@
-#include "bootstrap/env.hpp"
+#include "base/env.hpp"
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
-namespace fastgather::bootstrap {
+namespace fastgather::base {
 namespace {
 
 using K = EnvVar::Kind;
@@ -31,6 +32,9 @@ constexpr EnvVar kTable[] = {
     {"FG_BIND", K::kWord, 0, 0, "none|core", "core when ranks <= CPUs", "pin spawned ranks to CPUs, or not"},
     {"FG_HIER_MIN_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "65536", "across servers: bytes per rank from which the hierarchical schedule is used"},
     {"FG_NET_PIECE_BYTES", K::kCount, 4096, uint64_t{1} << 31, "", "1048576", "across servers: largest UCX message"},
+    {"FG_NO_HUGEPAGES", K::kFlag, 0, 0, "", "unset: tensors of 2 MiB and more get MADV_HUGEPAGE",
+     "Tensor: no huge-page alignment or advice"},
+    {"FG_NO_MPIRUN", K::kFlag, 0, 0, "", "unset", "fg-bench: do not re-run under mpirun for the MPI comparator"},
 };
 
 }  // namespace
@@ -83,6 +87,31 @@ Result<std::optional<std::string>> env_word(const char* name) {
                 fmt::format("environment variable {}='{}' is not one of {} ({})", name, v, words, var->doc)};
 }
 
+uint64_t env_count_or(const char* name, uint64_t fallback) {
+  auto v = env_count(name);
+  return v.ok() && v.value() ? *v.value() : fallback;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+std::string describe_environment() {
+  std::string out;
+  for (const EnvVar& v : kTable) {
+    std::string accepts;
+    switch (v.kind) {
+      case K::kCount: accepts = fmt::format("{}..{}", v.min, v.max); break;
+      case K::kWord: accepts = v.words; break;
+      case K::kText: accepts = "text"; break;
+      case K::kFlag: accepts = "set = on"; break;
+    }
+    out += fmt::format("{:<20} {:<26} {} (default: {})\n", v.name, accepts, v.doc, v.fallback);
+  }
+  return out;
+}
+
 Status check_environment() {
   for (const EnvVar& var : kTable) {
     if (var.kind == K::kCount) {
@@ -94,4 +123,4 @@ Status check_environment() {
   return Status::Ok();
 }
 
-}  // namespace fastgather::bootstrap
+}  // namespace fastgather::base

@@ -1,0 +1,49 @@
+// How the ops run an all-gather schedule on a group: within one server, or
+// across servers (with the failure reasons members publish to each other).
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "algo/allgather.hpp"
+#include "algo/allgather_net.hpp"
+#include "core/group_impl.hpp"
+#include "fastgather/ops.hpp"
+
+namespace fastgather::ops {
+
+// Runs an all-gather schedule on the group: within one server, or across.
+// stats, when set, says where the time went.
+inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
+  Group::Impl& i = *g.impl();
+  algo::GatherStats st;
+  call.stats = &st;
+  Status s;
+  if (i.net == nullptr) {
+    if (stats == nullptr) return algo::gather(*i.channel, call, sink);  // the hot path: no clock reads
+    const auto t0 = std::chrono::steady_clock::now();
+    s = algo::gather(*i.channel, call, sink);
+    st.schedule = call.schedule == algo::Schedule::kRingPass ? call.schedule : algo::Schedule::kOneShot;
+    st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    const bool was_broken = !i.net->broken().ok() || !i.channel->broken().ok();
+    s = algo::gather_across(*i.channel, *i.net, i.topo, call, sink);
+    if (!s.ok() && !was_broken && (s.kind() == ErrorKind::kMismatch || s.kind() == ErrorKind::kPeerLost)) {
+      // Say what we saw at once, if it names both calls; otherwise what
+      // another member saw may say more (a truncated message has no header).
+      const bool told = s.kind() == ErrorKind::kMismatch && st.headers_compared;
+      if (told) i.publish_failure(s);
+      if (auto why = told ? std::nullopt : i.published_failure(); why && why->message() != s.message()) {
+        s = s.kind() == ErrorKind::kPeerLost ? Status{why->kind(), fmt::format("{} (after: {})", why->message(), s.message())}
+                                             : Status{s.kind(), fmt::format("{}; {}", s.message(), why->message())};
+      }
+      if (!told && s.kind() == ErrorKind::kMismatch) i.publish_failure(s);
+    }
+  }
+  if (stats != nullptr) *stats = {algo::schedule_name(st.schedule), st.intra_ns, st.inter_ns};
+  return s;
+}
+
+}  // namespace fastgather::ops

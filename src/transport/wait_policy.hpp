@@ -1,0 +1,17 @@
+// How every channel waits for a peer: spin, then yield, then sleep (futex or
+// the UCX worker's event fd), with a deadline. One policy for both transports.
+#pragma once
+
+#include <chrono>
+
+namespace fastgather::transport {
+
+struct WaitPolicy {
+  std::chrono::nanoseconds spin{20'000};
+  std::chrono::nanoseconds yield{200'000};
+  std::chrono::milliseconds timeout{5000};  // 0: never
+  // Reads FG_SPIN_US and FG_YIELD_US; spins less when members outnumber cores.
+  static WaitPolicy for_members(int members, std::chrono::milliseconds timeout);
+};
+
+}  // namespace fastgather::transport
