@@ -60,6 +60,13 @@ fuzz() {
   rm -rf "$corpus"
 }
 
+# Each test that guards a mechanism must fail when that mechanism is broken:
+# a copy of the tree is mutated one way at a time and the test must catch it.
+mutations() {
+  echo "== mutation checks"
+  bash tests/mutations/run.sh
+}
+
 case "${1:-}" in
   bench)
     shift
@@ -74,6 +81,7 @@ case "${1:-}" in
     ctest --test-dir build --output-on-failure -j1
     sanitizers
     fuzz
+    mutations
     ;;
   *)
     echo "usage: $0 bench [fg-bench args] | test" >&2

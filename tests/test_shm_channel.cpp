@@ -28,7 +28,7 @@ struct Pair {
   std::unique_ptr<ShmChannel> a, b;
 };
 
-Pair make_pair(std::chrono::milliseconds timeout) {
+Pair make_pair(std::chrono::milliseconds timeout, std::chrono::milliseconds sleep_slice = std::chrono::milliseconds(10)) {
   static int serial = 0;
   const std::string name = ShmSegment::segment_name("test", ::getpid(), serial++);
   const size_t bytes = ShmChannel::segment_bytes(2, kRing);
@@ -42,6 +42,7 @@ Pair make_pair(std::chrono::milliseconds timeout) {
   p.timeout = timeout;
   p.spin = 1us;
   p.yield = 10us;
+  p.sleep_slice = sleep_slice;
   Pair pr;
   pr.a = std::make_unique<ShmChannel>(std::move(created).value(), std::vector<int>{0, 1}, 0, kRing, p, "test group");
   pr.b = std::make_unique<ShmChannel>(std::move(alias), std::vector<int>{0, 1}, 1, kRing, p, "test group");
@@ -87,10 +88,14 @@ TEST(ShmChannel, StepsCarryHeadersAndInlineBytesInOrder) {
   peer.join();
 }
 
+// Catches: claims that overlap the previous step's bytes (claim() pinned to
+// 0, or a cursor that does not advance), misaligned claims, claims past the ring.
 TEST(ShmChannel, RingClaimsWrapAndStayLineAligned) {
   Pair p = make_pair(1000ms);
   EXPECT_EQ(p.a->max_step_bytes(), kRing / 4);
-  uint32_t prev_end = 0;
+  uint32_t prev_off = 0, prev_end = 0;
+  size_t claimed = 0;
+  int wraps = 0;
   for (int i = 0; i < 100; ++i) {
     const size_t len = 1 + static_cast<size_t>(i * 997) % p.a->max_step_bytes();
     uint32_t off = 0;
@@ -99,11 +104,18 @@ TEST(ShmChannel, RingClaimsWrapAndStayLineAligned) {
     EXPECT_LE(off + len, kRing);
     EXPECT_EQ(d, p.a->member_data(0, off));
     // Consecutive claims never overlap (a peer may still read the previous one).
-    if (off != 0) {
-      EXPECT_GE(off, prev_end);
+    if (i > 0) {
+      EXPECT_FALSE(off < prev_end && prev_off < off + len)
+          << "claim " << i << " [" << off << ", " << off + len << ") overlaps [" << prev_off << ", " << prev_end << ")";
+      wraps += off < prev_off ? 1 : 0;
     }
+    prev_off = off;
     prev_end = off + static_cast<uint32_t>(len);
+    claimed += (len + 63) / 64 * 64;
   }
+  // Lines are reused only after the ring has gone round: as many wraps as the bytes claimed fill rings.
+  EXPECT_LE(wraps, static_cast<int>(claimed / (kRing / 2)));
+  EXPECT_GE(wraps, static_cast<int>(claimed / kRing) - 1);
 }
 
 TEST(ShmChannel, WaitTimesOutNamingThePeerAndStaysBroken) {
@@ -123,17 +135,24 @@ TEST(ShmChannel, WaitTimesOutNamingThePeerAndStaysBroken) {
   EXPECT_NE(seen.status().message().find("rank 0 aborted"), std::string::npos) << seen.status().message();
 }
 
+// Catches: a post that does not wake a sleeping waiter (the futex wake
+// deleted). The waiter sleeps in 30 s slices here, so without the wake it
+// would stay asleep far past the bound below.
 TEST(ShmChannel, SleepingWaiterIsWokenByPost) {
-  Pair p = make_pair(10000ms);
+  Pair p = make_pair(60000ms, 30000ms);
   const uint64_t step = p.a->next_step();
   std::thread late([&] {
     std::this_thread::sleep_for(200ms);  // long past spin and yield: the waiter is on the futex
     p.b->post(p.b->next_step(), PostHeader{.bytes = 7});
   });
+  const auto t0 = std::chrono::steady_clock::now();
   auto r = p.a->wait(1, step);
+  const auto waited = std::chrono::steady_clock::now() - t0;
   late.join();
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r.value()->header.bytes, 7u);
+  // 200 ms until the post; a generous bound for a loaded machine under ASan.
+  EXPECT_LT(waited, 10s) << "the post did not wake the sleeping waiter";
 }
 
 TEST(ShmSegment, NamesAreSweptWhenTheirCreatorIsDead) {

@@ -18,13 +18,12 @@ namespace {
 
 constexpr const char* kOp = "all_gather_matmul";
 
+// OpenBLAS's thread count is one setting for the whole process: compare
+// with it, not with a per-thread memory of what this thread last set (two
+// threads asking for different counts would get out of step).
 void set_blas_threads(int threads) {
-  static thread_local int current = -1;
   if (threads < 1) threads = 1;
-  if (threads != current) {
-    openblas_set_num_threads(threads);
-    current = threads;
-  }
+  if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
 }
 
 Status check_args(const Group& g, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,

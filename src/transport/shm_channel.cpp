@@ -190,7 +190,7 @@ Status ShmChannel::slow_wait(int member, uint64_t step, const PostLine& line) {
   // short slices while there is other work to keep going).
   MemberLine& w = ctl(member).wake;
   const std::chrono::nanoseconds slice = idle_ ? std::chrono::nanoseconds(std::chrono::microseconds(100))
-                                               : std::chrono::nanoseconds(std::chrono::milliseconds(10));
+                                               : std::chrono::nanoseconds(policy_.sleep_slice);
   for (;;) {
     if (idle_) idle_();
     uint32_t seen = w.futex_word.load(std::memory_order_acquire);

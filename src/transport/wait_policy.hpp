@@ -10,6 +10,10 @@ struct WaitPolicy {
   std::chrono::nanoseconds spin{20'000};
   std::chrono::nanoseconds yield{200'000};
   std::chrono::milliseconds timeout{5000};  // 0: never
+  // One sleep on the futex before health and deadline are checked again; a
+  // post wakes the sleeper at once, so this bounds only how soon a death or
+  // the deadline is noticed.
+  std::chrono::milliseconds sleep_slice{10};
   // Reads FG_SPIN_US and FG_YIELD_US; spins less when members outnumber cores.
   static WaitPolicy for_members(int members, std::chrono::milliseconds timeout);
 };

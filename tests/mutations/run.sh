@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Mutation checks: each test named below must FAIL when the code it guards is
+# broken in the stated way. The tree is copied, each mutation applied to the
+# copy alone (and checked to have changed the file), the test rebuilt and run.
+# A test that still passes on a mutant asserts too little: that fails here.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+(cd "$ROOT" && git ls-files -z | tar --null -T - -cf -) | (cd "$WORK" && tar -xf -)
+cmake -S "$WORK" -B "$WORK/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFG_WITH_MPI=OFF -DFG_WITH_TORCH=OFF >/dev/null
+
+# name | file | perl substitution | test binary | gtest filter
+MUTATIONS=(
+  "a post does not wake a sleeping waiter|src/transport/shm_channel.cpp|s/(if \(w\.sleepers\.load\(std::memory_order_relaxed\) != 0\) \{\n\s*w\.futex_word\.fetch_add\(1, std::memory_order_release\);\n)\s*futex_wake_all\(&w\.futex_word\);/\1/|test_shm_channel|ShmChannel.SleepingWaiterIsWokenByPost"
+  "claim() always returns offset 0|src/transport/shm_channel.cpp|s/\*offset = static_cast<uint32_t>\(cursor_\);/cursor_ = 0;\n  *offset = 0;/|test_shm_channel|ShmChannel.RingClaimsWrapAndStayLineAligned"
+  "the all-gather sink drops the last byte of each piece|src/ops/collectives.cpp|s/if \(dst != src\) std::memcpy\(dst, src, len\);/if (dst != src) std::memcpy(dst, src, len - (len > 0));/|test_allgather|*WorldSizes*"
+  "the fused op keeps a stale bias in its scratch|src/ops/allgather_matmul.cpp|s/if \(bias\) \{\n(\s*)bias_f = c_buf \+ block_rows \* n;/bias_f = c_buf + block_rows * n;\n\1if (bias) {/|test_allgather_matmul|AllGatherMatmul/Fused.*"
+  "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/i == 0 && peer < local_\.members\(\)/i < 0 \&\& peer < local_.members()/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
+)
+
+build() { cmake --build "$WORK/build" -j"$(nproc)" --target "$1" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; return 1; }; }
+caught=0 missed=0
+# The unmutated tree passes every one of these tests first.
+for m in "${MUTATIONS[@]}"; do
+  IFS='|' read -r name file subst target filter <<<"$m"
+  build "$target"
+  "$WORK/build/tests/$target" --gtest_filter="$filter" >"$WORK/run.log" 2>&1 || { echo "FAILED: $target $filter fails unmutated"; tail -30 "$WORK/run.log"; exit 1; }
+done
+for m in "${MUTATIONS[@]}"; do
+  IFS='|' read -r name file subst target filter <<<"$m"
+  cp "$ROOT/$file" "$WORK/$file"
+  perl -0pi -e "$subst" "$WORK/$file"
+  if cmp -s "$ROOT/$file" "$WORK/$file"; then
+    echo "FAILED: mutation '$name' no longer applies to $file (update tests/mutations/run.sh)"; missed=$((missed + 1)); continue
+  fi
+  build "$target"
+  if timeout 300 "$WORK/build/tests/$target" --gtest_filter="$filter" >"$WORK/run.log" 2>&1; then
+    echo "FAILED: '$name' ($file) is not caught by $target $filter"; missed=$((missed + 1))
+  else
+    echo "ok: '$name' is caught by $target $filter"; caught=$((caught + 1))
+  fi
+  cp "$ROOT/$file" "$WORK/$file"
+done
+echo "mutations: $caught passed, $missed failed"
+[ "$missed" = 0 ]
