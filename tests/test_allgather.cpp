@@ -200,3 +200,22 @@ TEST_P(RingSchedule, GathersEveryByteInBothForms) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllGather, RingSchedule, ::testing::Values(1, 2, 3, 4, 5));
+
+// A group can be destroyed on its own and the same ranks grouped again; the
+// world group cannot be destroyed.
+TEST(AllGather, GroupsCanBeDestroyedAndMadeAgain) {
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    for (int round = 0; round < 3; ++round) {
+      auto g = (*comm)->tp_group_of_dp(2, 2);
+      RANK_OK(g.status());
+      RANK_OK(fgtest::gather_bytes(*g.value(), 4096));
+      RANK_OK((*comm)->destroy_group(g.value()));
+    }
+    Status w = (*comm)->destroy_group(&(*comm)->world());
+    RANK_CHECK(w.kind() == ErrorKind::kInvalidArgument, "{}", w.to_string());
+    RANK_OK(fgtest::gather_bytes((*comm)->world(), 64));
+    return "";
+  }));
+}

@@ -61,7 +61,7 @@ pid_t start_spawner(int port, int fd) {
   if (pid != 0) return pid;
   LaunchPlan p;
   p.dp = 2;
-  p.port = port;
+  p.master_port = port;
   ::_exit(run_local_ranks(p, [fd](const Config& c) {
     auto comm = Communicator::create(c);
     if (!comm.ok()) return 1;
@@ -112,8 +112,8 @@ TEST(Spawner, OneFailedRankEndsTheJob) {
   LaunchPlan p;
   p.tp = 2;
   p.dp = 2;
-  p.port = fgtest::free_port();
-  p.timeout_ms = 60000;
+  p.master_port = fgtest::free_port();
+  p.timeout = std::chrono::milliseconds(60000);
   const auto t0 = Clock::now();
   int rc = run_local_ranks(p, [](const Config& c) {
     auto comm = Communicator::create(c);
@@ -140,7 +140,7 @@ TEST(Spawner, AnotherJobOnThePortIsRefused) {
     ::close(p[0]);
     LaunchPlan plan;
     plan.dp = 2;
-    plan.port = port;
+    plan.master_port = port;
     ::_exit(run_local_ranks(plan, [&](const Config& c) {
       if (c.rank == 1) {
         // Rank 0's store is up: let the intruder try first.
@@ -215,8 +215,8 @@ TEST(Rendezvous, MasterMayBeANameOrIpv6) {
   for (const std::string& master : masters) {
     LaunchPlan p;
     p.dp = 2;
-    p.port = fgtest::free_port();
-    p.master_ip = master;
+    p.master_port = fgtest::free_port();
+    p.master_addr = master;
     int rc = run_local_ranks(p, [](const Config& c) {
       auto comm = Communicator::create(c);
       if (!comm.ok()) {

@@ -89,7 +89,7 @@ TEST(RunLocalRanks, SpawnsEveryRankAndReportsFailures) {
   LaunchPlan p;
   p.tp = 2;
   p.dp = 2;
-  p.port = fgtest::free_port();
+  p.master_port = fgtest::free_port();
   // Each rank gathers its rank number; the sum proves all four took part.
   int rc = run_local_ranks(p, [](const Config& c) {
     auto comm = Communicator::create(c);
@@ -100,8 +100,8 @@ TEST(RunLocalRanks, SpawnsEveryRankAndReportsFailures) {
   });
   EXPECT_EQ(rc, 0);
 
-  p.port = fgtest::free_port();
-  p.timeout_ms = 1000;
+  p.master_port = fgtest::free_port();
+  p.timeout = std::chrono::milliseconds(1000);
   rc = run_local_ranks(p, [](const Config& c) {
     auto comm = Communicator::create(c);
     if (!comm.ok()) return 10;

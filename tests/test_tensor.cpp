@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "fastgather/status.hpp"
 #include "fastgather/tensor.hpp"
 #include "ops/convert.hpp"
 
@@ -72,4 +73,20 @@ TEST(Tensor, ShapesSizesAndNames) {
   EXPECT_EQ(d, DType::kF16);
   EXPECT_FALSE(parse_dtype("fp8", &d));
   EXPECT_EQ(TensorView(nullptr, DType::kF32, {0, 7}).nbytes(), 0u);
+}
+
+// A Result read without checking ok() says why it has no value.
+TEST(Status, ResultWithoutAValueThrowsTheReason) {
+  fastgather::Result<int> r = fastgather::Status{fastgather::ErrorKind::kTimeout, "rank 3 did not arrive", 3};
+  EXPECT_EQ(r.status().peer(), 3);
+  try {
+    (void)r.value();
+    FAIL() << "value() of an error returned";
+  } catch (const fastgather::BadResultAccess& e) {
+    EXPECT_NE(std::string(e.what()).find("Timeout: rank 3 did not arrive"), std::string::npos) << e.what();
+    EXPECT_EQ(e.status().kind(), fastgather::ErrorKind::kTimeout);
+  }
+  fastgather::Result<int> ok = 7;
+  EXPECT_EQ(ok.value(), 7);
+  EXPECT_EQ(ok.status().peer(), -1);
 }

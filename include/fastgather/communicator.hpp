@@ -66,6 +66,11 @@ class Communicator {
   // The original script's layout: tp groups of dp ranks, group k holding
   // ranks k, k+tp, k+2tp, ...; returns the one holding this rank.
   Result<Group*> tp_group_of_dp(int tp, int dp);
+  // Frees this rank's side of a group made by new_group/tp_group_of_dp (its
+  // shared-memory mapping; across servers, after flushing its UCX
+  // endpoints). Not collective; the group must not be used afterwards. The
+  // world group lives as long as the communicator.
+  Status destroy_group(Group* group);
 
   struct Impl;
 
@@ -83,12 +88,15 @@ class Group {
   const std::vector<int>& ranks() const;  // world ranks, ascending
   std::string describe() const;           // "group [0,2,4]"
 
-  struct Impl;
-  Impl* impl() const { return impl_.get(); }
-  explicit Group(std::unique_ptr<Impl> impl);
   ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  struct Impl;  // internal (src/core/group_impl.hpp)
 
  private:
+  friend struct GroupAccess;  // the library's own code, not a user's
+  explicit Group(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

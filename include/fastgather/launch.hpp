@@ -23,9 +23,9 @@ struct LaunchPlan {
   int dp = 2;
   int servers = 1;
   int server_index = 0;
-  std::string master_ip = "127.0.0.1";
-  int port = 29500;
-  int timeout_ms = 5000;
+  std::string master_addr = "127.0.0.1";  // the same fields, spelled as in Config
+  int master_port = 29500;
+  std::chrono::milliseconds timeout{5000};
   std::string token;
 
   int world_size() const { return tp * dp; }

@@ -21,9 +21,13 @@ enum class AllGatherAlgorithm {
   kDirect,        // every member sends its block to every member on other servers
   kHierarchical,  // gather within servers, leaders exchange, relay within servers
 };
+// The schedule a call ran.
+enum class CallSchedule { kNone, kOneShot, kRing, kDirect, kHierarchical };
+const char* to_string(CallSchedule schedule);  // "one-shot", "ring", "direct", "hierarchical"
+
 // Where one call's time went, on this rank.
 struct CallStats {
-  const char* schedule = "";  // "one-shot", "ring", "direct", "hierarchical"
+  CallSchedule schedule = CallSchedule::kNone;
   double intra_ns = 0;        // the phase among members on this server (shared memory)
   double inter_ns = 0;        // the rest: waiting for other servers' bytes and relaying them
 };

@@ -25,6 +25,11 @@ struct TensorView {
 
   TensorView() = default;
   TensorView(void* d, DType t, std::vector<int64_t> s) : data(d), dtype(t), shape(std::move(s)) {}
+  // For inputs (x, x1, x2, bias): no const_cast at the call site. The ops
+  // never write through an input view.
+  TensorView(const void* d, DType t, std::vector<int64_t> s)
+      : data(const_cast<void*>(d)), dtype(t), shape(std::move(s)) {}
+  TensorView(std::nullptr_t, DType t, std::vector<int64_t> s) : dtype(t), shape(std::move(s)) {}
 
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }

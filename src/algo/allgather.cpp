@@ -86,7 +86,7 @@ namespace {
 // bytes to `take`. Every peer is waited for even after a mismatch, so all
 // members leave the call at the same step.
 Status lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine, Protocol protocol,
-                CopyIn how, const std::byte* data, size_t len, bool first, std::string* mismatch,
+                CopyIn how, const std::byte* data, size_t len, bool first, std::string* mismatch, int* disagreeing,
                 FunctionRef<void()> posted, FunctionRef<void(int peer, const std::byte* src)> take) {
   const int n = ch.members();
   const int me = ch.me();
@@ -107,6 +107,7 @@ Status lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::Po
     auto line = ch.wait(peer, step);
     if (!line.ok()) return line.status();
     if (first) compare(ch, call, mine, peer, line.value()->header, mismatch);
+    if (first && disagreeing != nullptr && *disagreeing < 0 && !mismatch->empty()) *disagreeing = ch.world_rank(peer);
     if (!mismatch->empty() || len == 0) continue;
     take(peer, protocol == Protocol::kInline ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
                                              : ch.member_data(peer, line.value()->header.offset));
@@ -138,7 +139,8 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
   auto own = [&] {
     if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
   };
-  auto failed = [&] { return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch)}; };
+  int disagreeing = -1;  // world rank of the first peer whose header differed
+  auto failed = [&] { return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch), disagreeing}; };
 
   // Sends `from` (call.bytes of it) in chunks, one lockstep step each, and
   // hands what arrives to take(peer, offset, src, len). The call's first step
@@ -151,7 +153,7 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
       auto posted = [&] {
         if (own_now) own();
       };
-      Status s = lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, posted,
+      Status s = lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, &disagreeing, posted,
                           [&](int peer, const std::byte* src) { take(peer, off, src, len); });
       if (!s.ok()) return s;
       if (!mismatch.empty()) return failed();

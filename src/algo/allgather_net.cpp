@@ -167,7 +167,8 @@ class Across {
       return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent {} (piece {} of rank {}'s block), rank {} expected {}",
                                                       net_.label(), net_.world_rank(e.owner), theirs, e.piece,
                                                       net_.world_rank(e.owner), net_.world_rank(me()),
-                                                      describe(call_, mine_))};
+                                                      describe(call_, mine_)),
+                    net_.world_rank(e.owner)};
     }
     return &e;
   }

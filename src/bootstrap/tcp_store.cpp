@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -400,6 +401,10 @@ void TcpStoreServer::loop() {
   }
 }
 
+std::string job_abort_value(const Status& why, int rank) {
+  return fmt::format("{}\nrank {}: {}", static_cast<int>(why.kind()), rank, why.to_string());
+}
+
 Result<std::pair<sockaddr_storage, socklen_t>> resolve_store_address(const std::string& addr, int port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -502,8 +507,17 @@ Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point dea
       in_.erase(0, 4 + static_cast<size_t>(len));
       if (id != req.id) continue;
       if (code != StoreReply::kOk && payload.rfind(kJobAbortedPrefix, 0) == 0) {
-        // Another rank gave up on the job and said why: that is the news.
-        return Status{ErrorKind::kPeerLost, payload};
+        // Another rank gave up on the job and said why: that is the news,
+        // with the kind of its failure.
+        std::string rest = payload.substr(std::strlen(kJobAbortedPrefix));
+        ErrorKind kind = ErrorKind::kPeerLost;
+        const size_t nl = rest.find('\n');
+        if (nl != std::string::npos && nl > 0 && nl < 3 && std::isdigit(static_cast<unsigned char>(rest[0]))) {
+          const int k = std::atoi(rest.substr(0, nl).c_str());
+          if (k > 0 && k <= static_cast<int>(ErrorKind::kResourceExhausted)) kind = static_cast<ErrorKind>(k);
+          rest = rest.substr(nl + 1);
+        }
+        return Status{kind, kJobAbortedPrefix + rest};
       }
       if (code != StoreReply::kOk) return fail(ErrorKind::kInvalidArgument, payload);
       return payload;

@@ -27,6 +27,9 @@ namespace fastgather::bootstrap {
 // kJobAbortedPrefix + the reason (as kPeerLost on the client).
 inline constexpr const char* kJobAbortKey = "job/abort";
 inline constexpr const char* kJobAbortedPrefix = "job aborted: ";
+// The value a rank writes: its failure's kind and words, so that the others
+// report the same kind ("<kind>\nrank N: <message>").
+std::string job_abort_value(const Status& why, int rank);
 
 
 using Clock = std::chrono::steady_clock;

@@ -138,7 +138,7 @@ struct Communicator::Impl {
 void Communicator::Impl::close_network() {
   bool healthy = true;
   for (auto& g : groups) {
-    if (auto* net = g->impl()->net.get()) {
+    if (auto* net = impl_of(*g)->net.get()) {
       healthy &= net->broken().ok();
       net->begin_close();
     }
@@ -146,13 +146,13 @@ void Communicator::Impl::close_network() {
   const auto until = deadline();
   auto all_closed = [&] {
     for (auto& g : groups) {
-      if (auto* net = g->impl()->net.get(); net != nullptr && !net->closed()) return false;
+      if (auto* net = impl_of(*g)->net.get(); net != nullptr && !net->closed()) return false;
     }
     return true;
   };
   auto progress_all = [&] {
     for (auto& g : groups) {
-      if (auto* net = g->impl()->net.get()) net->progress();
+      if (auto* net = impl_of(*g)->net.get()) net->progress();
     }
   };
   while (!all_closed() && Clock::now() < until) progress_all();
@@ -227,14 +227,13 @@ Communicator::~Communicator() {
   // very ranks that never came). Healthy, rank 0 waits for them as before.
   Status broken;
   for (auto& g : impl_->groups) {
-    const Group::Impl& gi = *g->impl();
+    const Group::Impl& gi = *impl_of(*g);
     if (broken.ok() && !gi.channel->broken().ok()) broken = gi.channel->broken();
     if (broken.ok() && gi.net && !gi.net->broken().ok()) broken = gi.net->broken();
   }
   if (impl_->ucx) impl_->close_network();
   if (!broken.ok() && impl_->store) {
-    (void)impl_->store->set(bootstrap::kJobAbortKey, fmt::format("rank {} left after: {}", impl_->config.rank,
-                                                                 broken.to_string()));
+    (void)impl_->store->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value(broken, impl_->config.rank));
   }
   impl_->groups.clear();
   impl_->store.reset();  // says BYE
@@ -290,7 +289,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config,
   // the store up until they have read it.
   Result<std::unique_ptr<Communicator>> r = impl->finish_create();
   if (!r.ok()) {
-    (void)impl->store->set(bootstrap::kJobAbortKey, fmt::format("rank {}: {}", config.rank, r.status().message()));
+    (void)impl->store->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value(r.status(), config.rank));
     impl->groups.clear();
     impl->store.reset();
     if (impl->server) impl->server->drain_job(config.world_size, deadline);
@@ -366,6 +365,24 @@ Result<std::unique_ptr<Communicator>> Communicator::Impl::finish_create() {
   auto world = impl->build_group(all);
   if (!world.ok()) return world.status();
   return std::unique_ptr<Communicator>(nullptr);
+}
+
+Status Communicator::destroy_group(Group* group) {
+  auto& gs = impl_->groups;
+  if (group == gs.front().get()) {
+    return {ErrorKind::kInvalidArgument, fmt::format("rank {}: the world group cannot be destroyed", rank())};
+  }
+  auto it = std::find_if(gs.begin() + 1, gs.end(), [&](const auto& g) { return g.get() == group; });
+  if (it == gs.end()) {
+    return {ErrorKind::kInvalidArgument, fmt::format("rank {}: that group is not one of this communicator's", rank())};
+  }
+  if (auto* net = impl_of(**it)->net.get()) {
+    net->begin_close();
+    const auto until = impl_->deadline();
+    while (!net->closed() && Clock::now() < until) net->progress();
+  }
+  gs.erase(it);
+  return Status::Ok();
 }
 
 Result<Group*> Communicator::new_group(std::vector<int> ranks) { return impl_->build_group(std::move(ranks)); }
@@ -506,8 +523,15 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     };
     impl->published_failure = [st, mu, fail_key]() -> std::optional<Status> {
       std::lock_guard<std::mutex> lock(*mu);
-      // Published before that member closed its endpoints: if it is not there now, it will not come.
-      auto v = st->get(fail_key, Clock::now() + std::chrono::milliseconds(10));
+      // Published before that member closed its endpoints: if it is not
+      // there within 10 ms, it will not come. A job-abort (another rank has
+      // left) answers a missing key at once: keep asking until the 10 ms are up.
+      const auto until = Clock::now() + std::chrono::milliseconds(10);
+      auto v = st->get(fail_key, until);
+      while (!v.ok() && v.status().message().rfind(bootstrap::kJobAbortedPrefix, 0) == 0 && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+        v = st->get(fail_key, until);
+      }
       if (!v.ok()) return std::nullopt;  // nobody said why: a crash, most likely
       const size_t nl = v.value().find('\n');
       if (nl == std::string::npos) return std::nullopt;
@@ -524,7 +548,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     }
   }
 
-  groups.push_back(std::make_unique<Group>(std::move(impl)));
+  groups.push_back(GroupAccess::make(std::move(impl)));
   return groups.back().get();
 }
 

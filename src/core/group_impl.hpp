@@ -38,7 +38,16 @@ struct Group::Impl {
   algo::CopyInChooser copy_in_fused;
 };
 
-inline transport::ShmChannel& channel_of(Group& g) { return *g.impl()->channel; }
-inline bool spans_servers(const Group& g) { return g.impl()->net != nullptr; }
+// How the library's own code reaches a Group's insides (Group keeps them private).
+struct GroupAccess {
+  static Group::Impl* of(const Group& g) { return g.impl_.get(); }
+  static std::unique_ptr<Group> make(std::unique_ptr<Group::Impl> impl) {
+    return std::unique_ptr<Group>(new Group(std::move(impl)));
+  }
+};
+inline Group::Impl* impl_of(const Group& g) { return GroupAccess::of(g); }
+
+inline transport::ShmChannel& channel_of(Group& g) { return *impl_of(g)->channel; }
+inline bool spans_servers(const Group& g) { return impl_of(g)->net != nullptr; }
 
 }  // namespace fastgather

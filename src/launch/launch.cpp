@@ -102,10 +102,10 @@ Status LaunchPlan::validate() const {
   if (server_index < 0 || server_index >= servers) {
     return bad(fmt::format("SERVER_INDEX={} is outside 0..{}", server_index, servers - 1));
   }
-  if (port < 1 || port > 65535) {
-    return bad(fmt::format("PORT={} is not a TCP port every rank can find (1..65535)", port));
+  if (master_port < 1 || master_port > 65535) {
+    return bad(fmt::format("PORT={} is not a TCP port every rank can find (1..65535)", master_port));
   }
-  if (timeout_ms < 0) return bad(fmt::format("FG_TIMEOUT_MS={} must be 0 (never) or more", timeout_ms));
+  if (timeout.count() < 0) return bad(fmt::format("FG_TIMEOUT_MS={} must be 0 (never) or more", timeout.count()));
   if (local_ranks() > kMaxLocalRanks) {
     return bad(fmt::format("TP*DP = {} ranks over SERVER_NUM={} puts {} ranks on server {}; fastgather starts at most "
                            "{} ranks per server (each is a process with its own shared-memory ring)",
@@ -118,21 +118,26 @@ Config LaunchPlan::config_for_rank(int rank) const {
   Config c;
   c.rank = rank;
   c.world_size = world_size();
-  c.master_addr = master_ip;
-  c.master_port = port;
+  c.master_addr = master_addr;
+  c.master_port = master_port;
   c.servers = servers;
   c.server_index = server_index;
-  c.timeout = std::chrono::milliseconds(timeout_ms);
+  c.timeout = timeout;
   c.token = token;
   return c;
 }
 
 Result<LaunchPlan> launch_plan_from_env(LaunchPlan p) {
   for (auto [name, field] : {std::pair{"TP", &p.tp}, {"DP", &p.dp}, {"SERVER_NUM", &p.servers},
-                             {"SERVER_INDEX", &p.server_index}, {"PORT", &p.port}, {"FG_TIMEOUT_MS", &p.timeout_ms}}) {
+                             {"SERVER_INDEX", &p.server_index}, {"PORT", &p.master_port}}) {
     if (Status s = read_int(name, field); !s.ok()) return s;
   }
-  if (const char* ip = std::getenv("MASTER_IP"); ip != nullptr && *ip != '\0') p.master_ip = ip;
+  if (auto t = base::env_count("FG_TIMEOUT_MS"); !t.ok()) {
+    return t.status();
+  } else if (t.value()) {
+    p.timeout = std::chrono::milliseconds(*t.value());
+  }
+  if (const char* ip = std::getenv("MASTER_IP"); ip != nullptr && *ip != '\0') p.master_addr = ip;
   if (Status s = base::check_environment(); !s.ok()) return s;
   if (const char* tok = std::getenv("FG_TOKEN"); tok != nullptr) p.token = tok;
   if (Status s = p.validate(); !s.ok()) return s;

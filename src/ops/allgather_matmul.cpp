@@ -91,7 +91,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   const bool is_f32 = dt == DType::kF32;
   // Rows multiplied at once: a step's worth (k = 0 moves nothing; any block size serves).
   const size_t block_rows = max_rows != 0 ? max_rows : std::max<size_t>(m, 1);
-  auto& scratch = group.impl()->scratch;
+  auto& scratch = impl_of(group)->scratch;
   const size_t need = is_f32 ? 0 : k * n + block_rows * k + block_rows * n + n;
   if (scratch.size() < need) scratch.resize(need);
   const float* B = static_cast<const float*>(x2.data);
@@ -123,7 +123,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   call.input = static_cast<const std::byte*>(x1.data);
   call.bytes = m * row_bytes;
   call.align = row_bytes == 0 ? 1 : row_bytes;
-  call.copy_in = &group.impl()->copy_in_fused;
+  call.copy_in = &impl_of(group)->copy_in_fused;
   if (options.algorithm == AllGatherAlgorithm::kRing) {
     return ops::invalid(group, kOp, "the ring schedule is offered for all_gather only");
   }
@@ -136,7 +136,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   const bool keep = options.gather_output || spans_servers(group);
   std::byte* kept = gather_bytes;
   if (!options.gather_output && spans_servers(group)) {
-    auto& landed = group.impl()->landed;
+    auto& landed = impl_of(group)->landed;
     if (landed.size() < call.bytes * static_cast<size_t>(group.size())) landed.resize(call.bytes * group.size());
     kept = landed.data();
   }

@@ -8,6 +8,17 @@
 
 namespace fastgather {
 
+const char* to_string(CallSchedule s) {
+  switch (s) {
+    case CallSchedule::kNone: return "none";
+    case CallSchedule::kOneShot: return "one-shot";
+    case CallSchedule::kRing: return "ring";
+    case CallSchedule::kDirect: return "direct";
+    case CallSchedule::kHierarchical: return "hierarchical";
+  }
+  return "unknown-schedule";
+}
+
 namespace {
 
 algo::Schedule schedule_for(AllGatherAlgorithm a) {
@@ -55,7 +66,7 @@ Status all_gather(Group& group, const TensorView& input, const TensorView& outpu
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
-  call.copy_in = &group.impl()->copy_in;
+  call.copy_in = &impl_of(group)->copy_in;
   return ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) std::memcpy(dst, src, len);
@@ -86,7 +97,7 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
-  call.copy_in = &group.impl()->copy_in;
+  call.copy_in = &impl_of(group)->copy_in;
   return ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) std::memcpy(dst, src, len);

@@ -17,7 +17,7 @@ namespace fastgather::ops {
 // Runs an all-gather schedule on the group: within one server, or across.
 // stats, when set, says where the time went.
 inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
-  Group::Impl& i = *g.impl();
+  Group::Impl& i = *impl_of(g);
   algo::GatherStats st;
   call.stats = &st;
   Status s;
@@ -42,7 +42,16 @@ inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, 
       if (!told && s.kind() == ErrorKind::kMismatch) i.publish_failure(s);
     }
   }
-  if (stats != nullptr) *stats = {algo::schedule_name(st.schedule), st.intra_ns, st.inter_ns};
+  if (stats != nullptr) {
+    CallSchedule typed = CallSchedule::kOneShot;
+    switch (st.schedule) {
+      case algo::Schedule::kOneShot: typed = CallSchedule::kOneShot; break;
+      case algo::Schedule::kRingPass: typed = CallSchedule::kRing; break;
+      case algo::Schedule::kDirect: typed = CallSchedule::kDirect; break;
+      case algo::Schedule::kHierarchical: typed = CallSchedule::kHierarchical; break;
+    }
+    *stats = {typed, st.intra_ns, st.inter_ns};
+  }
   return s;
 }
 

@@ -289,7 +289,8 @@ Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::s
     const ucs_status_t st = UCS_PTR_STATUS(r);
     Status s = peer_gone(st) || e.error != UCS_OK
                    ? Status{ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was sending (UCX: {})", label_,
-                                                              world_ranks_[to], world_ranks_[me_], ucs_status_string(st))}
+                                                              world_ranks_[to], world_ranks_[me_], ucs_status_string(st)),
+                             world_ranks_[to]}
                    : ucx_error(fmt::format("{}: sending to rank {}", label_, world_ranks_[to]), st);
     fail(s);
     return s;
@@ -335,7 +336,8 @@ Status NetChannel::wait_until(const char* what, const std::function<bool()>& don
   auto lost = [&](int peer) -> Status {
     ucs_status_t e = eps[peer].error;
     return {ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was {} (UCX: {})", label_, world_ranks_[peer],
-                                              world_ranks_[me_], what, ucs_status_string(e))};
+                                              world_ranks_[me_], what, ucs_status_string(e)),
+            world_ranks_[peer]};
   };
   // A peer that failed a call (a mismatch it saw) closes its endpoints; what
   // other peers sent before that is still on its way. So a lost peer is
@@ -383,7 +385,8 @@ Status NetChannel::wait_until(const char* what, const std::function<bool()>& don
       }
       return {ErrorKind::kTimeout, fmt::format("{}: rank {} did not arrive within {} ms (rank {} was {})", label_,
                                                peer >= 0 ? world_ranks_[peer] : -1, policy_.timeout.count(),
-                                               world_ranks_[me_], what)};
+                                               world_ranks_[me_], what),
+              peer >= 0 ? world_ranks_[peer] : -1};
     }
     if (waited < policy_.spin) continue;
     if (waited < policy_.spin + policy_.yield) {

@@ -203,17 +203,17 @@ Status ShmChannel::slow_wait(int member, uint64_t step, const PostLine& line) {
     const int self = world_ranks_[me_];
     if (w.aborted.load(std::memory_order_acquire) != 0) {
       abort({ErrorKind::kPeerLost, fmt::format("{}: rank {} aborted the group while rank {} waited for it",
-                                               label_, who, self)});
+                                               label_, who, self), who});
       return broken_;
     }
     if (member_dead(member)) {
       abort({ErrorKind::kPeerLost, fmt::format("{}: rank {} (pid {}) died; rank {} was waiting for it",
-                                               label_, who, pids_[member], self)});
+                                               label_, who, pids_[member], self), who});
       return broken_;
     }
     if (policy_.timeout.count() > 0 && Clock::now() - start > policy_.timeout) {
       abort({ErrorKind::kTimeout, fmt::format("{}: rank {} did not arrive within {} ms (rank {} waiting at step {})",
-                                              label_, who, policy_.timeout.count(), self, step)});
+                                              label_, who, policy_.timeout.count(), self, step), who});
       return broken_;
     }
   }

@@ -113,7 +113,7 @@ float exact_value(int rank, uint64_t it, size_t index) {
 
 void store(DType d, const float* src, void* dst, size_t count) {
   const int64_t n = static_cast<int64_t>(count);
-  (void)convert(TensorView(const_cast<float*>(src), DType::kF32, {n}), TensorView(dst, d, {n}));
+  (void)convert(TensorView(src, DType::kF32, {n}), TensorView(dst, d, {n}));
 }
 
 void sgemm(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c) {

@@ -32,8 +32,8 @@ class Case {
   using Clock = std::chrono::steady_clock;
   // Across servers: the call's server-local and inter-server shares.
   void account(const CallStats& st) {
-    const std::string sched = st.schedule;
-    if (sched != "direct" && sched != "hierarchical") return;
+    if (st.schedule != CallSchedule::kDirect && st.schedule != CallSchedule::kHierarchical) return;
+    const std::string sched = to_string(st.schedule);
     phase_us["intra-server"] += st.intra_ns / 1000.0;
     phase_us["inter-server (" + sched + ")"] += st.inter_ns / 1000.0;
   }

@@ -61,9 +61,9 @@ void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan, bo
   ::setenv(kReexecMarker, "1", 1);
   ::setenv("TP", std::to_string(plan.tp).c_str(), 1);
   ::setenv("DP", std::to_string(plan.dp).c_str(), 1);
-  ::setenv("PORT", std::to_string(plan.port).c_str(), 1);
-  ::setenv("MASTER_IP", plan.master_ip.c_str(), 1);
-  ::setenv("FG_TIMEOUT_MS", std::to_string(plan.timeout_ms).c_str(), 1);
+  ::setenv("PORT", std::to_string(plan.master_port).c_str(), 1);
+  ::setenv("MASTER_IP", plan.master_addr.c_str(), 1);
+  ::setenv("FG_TIMEOUT_MS", std::to_string(plan.timeout.count()).c_str(), 1);
   std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "-np", std::to_string(plan.world_size()),
                                    "--bind-to", oversubscribed ? "none" : "core"};
   if (oversubscribed) args.push_back("--oversubscribe");
@@ -102,7 +102,7 @@ int simulate_servers(const LaunchPlan& plan, const std::function<int(const Confi
   po.what = "server";
   // A spawner ends on SIGTERM by passing it to its ranks and cleaning up.
   po.death_signal = SIGTERM;
-  po.grace = std::chrono::milliseconds(plan.timeout_ms) + std::chrono::seconds(2);
+  po.grace = plan.timeout + std::chrono::seconds(2);
   po.kill_after = std::chrono::seconds(5);
   return run_processes(plan.servers, [&](int s) {
     LaunchPlan p = plan;
@@ -446,9 +446,11 @@ int main(int argc, char** argv) {
   app.add_option("--servers", plan.servers, "servers in the job (env SERVER_NUM)")->check(CLI::Range(1, kMaxWorldSize));
   auto* server_index_opt = app.add_option("--server-index", plan.server_index,
                                           "this server (env SERVER_INDEX; unset with SERVER_NUM > 1: simulate all servers here)");
-  app.add_option("--master", plan.master_ip, "rendezvous host (env MASTER_IP)");
-  app.add_option("--port", plan.port, "rendezvous port (env PORT)")->check(CLI::Range(1, 65535));
-  app.add_option("--timeout-ms", plan.timeout_ms, "peer timeout (env FG_TIMEOUT_MS)")->check(CLI::Range(0, 86'400'000));
+  app.add_option("--master", plan.master_addr, "rendezvous host (env MASTER_IP)");
+  app.add_option("--port", plan.master_port, "rendezvous port (env PORT)")->check(CLI::Range(1, 65535));
+  int64_t timeout_ms = plan.timeout.count();
+  auto* timeout_opt = app.add_option("--timeout-ms", timeout_ms, "peer timeout (env FG_TIMEOUT_MS)")
+                          ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
   app.add_option("--m", o.ms, "AllGather rows per rank")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--hidden", o.hidden, "hidden size (columns)")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_option("--dtype", o.dtype, "AllGather dtype (fp32, fp16, bf16, ...)");
@@ -489,6 +491,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   const bool server_index_given = server_index_opt->count() > 0;
+  if (timeout_opt->count() > 0) plan.timeout = std::chrono::milliseconds(timeout_ms);
   if (argc == 1) o.compare = true;
   if (o.no_compare) o.compare = false;
 

@@ -26,7 +26,7 @@ Result<std::vector<std::vector<double>>> Runner::gather_world(const std::vector<
   Group& w = comm_.world();
   const int64_t n = static_cast<int64_t>(v.size());
   std::vector<double> all(v.size() * static_cast<size_t>(w.size()));
-  Status s = all_gather(w, TensorView(const_cast<double*>(v.data()), DType::kF64, {n}),
+  Status s = all_gather(w, TensorView(v.data(), DType::kF64, {n}),
                         TensorView(all.data(), DType::kF64, {n * w.size()}));
   if (!s.ok()) return s;
   std::vector<std::vector<double>> per_rank;
