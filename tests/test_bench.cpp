@@ -142,7 +142,9 @@ TEST(FgBench, CompareWithoutMpiSaysSoAndWritesValidJson) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("MPI comparator: absent - fg-bench was built without MPI"), std::string::npos) << out;
   EXPECT_NE(out.find("### all_gather_list: median latency (us) by implementation"), std::string::npos) << out;
-  EXPECT_NE(out.find("-> yes"), std::string::npos) << out;
+  // A verdict per size (which way it goes is a measurement, not a test: under
+  // load the 2 KB rows can go either way).
+  EXPECT_TRUE(out.find("-> yes") != std::string::npos || out.find("-> NO") != std::string::npos) << out;
   std::ifstream f(json);
   nlohmann::json j = nlohmann::json::parse(f);
   EXPECT_EQ(validate_report_json(j), "");
