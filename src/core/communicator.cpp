@@ -223,8 +223,8 @@ Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 Communicator::~Communicator() {
   // A rank leaving with a broken group (a timeout, a lost peer) ends the
   // job: it says why in the store, so that nobody waits on it there, and
-  // rank 0 does not hold its exit for the others' goodbyes (they may be the
-  // very ranks that never came). Healthy, rank 0 waits for them as before.
+  // rank 0 holds its exit for the others' goodbyes at most 500 ms (they may
+  // be the very ranks that never came). Healthy, rank 0 waits for them as before.
   Status broken;
   for (auto& g : impl_->groups) {
     const Group::Impl& gi = *impl_of(*g);
@@ -237,7 +237,12 @@ Communicator::~Communicator() {
   }
   impl_->groups.clear();
   impl_->store.reset();  // says BYE
-  if (impl_->server && broken.ok()) impl_->server->drain(impl_->deadline());
+  // The store host stays up while the others still read from it (failure
+  // reasons, the abort); after a failure only briefly, since the rank that
+  // broke the group may never say goodbye.
+  if (impl_->server) {
+    impl_->server->drain(broken.ok() ? impl_->deadline() : Clock::now() + std::chrono::milliseconds(500));
+  }
 }
 
 int Communicator::rank() const { return impl_->config.rank; }
