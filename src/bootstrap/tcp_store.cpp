@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -222,21 +221,11 @@ TcpStoreServer::~TcpStoreServer() {
 
 uint64_t TcpStoreServer::rejected_connections() const { return state_->rejected.load(); }
 
-void TcpStoreServer::drain(Clock::time_point deadline) {
+void TcpStoreServer::drain(Clock::time_point deadline, int joined) {
   while (Clock::now() < deadline) {
     {
       std::lock_guard<std::mutex> g(state_->mu);
-      if (state_->greeted_count == 0) return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-}
-
-void TcpStoreServer::drain_job(int world, Clock::time_point deadline) {
-  while (Clock::now() < deadline) {
-    {
-      std::lock_guard<std::mutex> g(state_->mu);
-      if (state_->ever_greeted >= world && state_->greeted_count == 0) return;
+      if (state_->ever_greeted >= joined && state_->greeted_count == 0) return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -401,8 +390,22 @@ void TcpStoreServer::loop() {
   }
 }
 
+std::string encode_status(const Status& s) { return fmt::format("{}\n{}", static_cast<int>(s.kind()), s.message()); }
+
+std::optional<Status> decode_status(std::string_view value) {
+  const size_t nl = value.find('\n');
+  if (nl == 0 || nl > 2) return std::nullopt;  // also npos
+  int k = 0;
+  for (char ch : value.substr(0, nl)) {
+    if (ch < '0' || ch > '9') return std::nullopt;
+    k = k * 10 + (ch - '0');
+  }
+  if (k <= 0 || k > static_cast<int>(ErrorKind::kResourceExhausted)) return std::nullopt;
+  return Status{static_cast<ErrorKind>(k), std::string(value.substr(nl + 1))};
+}
+
 std::string job_abort_value(const Status& why, int rank) {
-  return fmt::format("{}\nrank {}: {}", static_cast<int>(why.kind()), rank, why.to_string());
+  return encode_status({why.kind(), fmt::format("rank {}: {}", rank, why.to_string())});
 }
 
 Result<std::pair<sockaddr_storage, socklen_t>> resolve_store_address(const std::string& addr, int port) {
@@ -509,15 +512,9 @@ Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point dea
       if (code != StoreReply::kOk && payload.rfind(kJobAbortedPrefix, 0) == 0) {
         // Another rank gave up on the job and said why: that is the news,
         // with the kind of its failure.
-        std::string rest = payload.substr(std::strlen(kJobAbortedPrefix));
-        ErrorKind kind = ErrorKind::kPeerLost;
-        const size_t nl = rest.find('\n');
-        if (nl != std::string::npos && nl > 0 && nl < 3 && std::isdigit(static_cast<unsigned char>(rest[0]))) {
-          const int k = std::atoi(rest.substr(0, nl).c_str());
-          if (k > 0 && k <= static_cast<int>(ErrorKind::kResourceExhausted)) kind = static_cast<ErrorKind>(k);
-          rest = rest.substr(nl + 1);
-        }
-        return Status{kind, kJobAbortedPrefix + rest};
+        const std::string rest = payload.substr(std::strlen(kJobAbortedPrefix));
+        if (auto why = decode_status(rest)) return Status{why->kind(), kJobAbortedPrefix + why->message()};
+        return Status{ErrorKind::kPeerLost, payload};
       }
       if (code != StoreReply::kOk) return fail(ErrorKind::kInvalidArgument, payload);
       return payload;

@@ -22,13 +22,17 @@
 
 namespace fastgather::bootstrap {
 
+// A Status as a store value ("<kind>\n<message>") and back (nullopt for a
+// value that is not one): how ranks tell each other why they failed.
+std::string encode_status(const Status& s);
+std::optional<Status> decode_status(std::string_view value);
+
 // A rank that gives up on the whole job sets this key to its reason; from
 // then on a GET of a missing key, waiting or new, fails at once with
-// kJobAbortedPrefix + the reason (as kPeerLost on the client).
+// kJobAbortedPrefix + the reason, with the kind of the failure.
 inline constexpr const char* kJobAbortKey = "job/abort";
 inline constexpr const char* kJobAbortedPrefix = "job aborted: ";
-// The value a rank writes: its failure's kind and words, so that the others
-// report the same kind ("<kind>\nrank N: <message>").
+// The value a rank writes: encode_status of its failure, as "rank N: ...".
 std::string job_abort_value(const Status& why, int rank);
 
 
@@ -61,12 +65,10 @@ class TcpStoreServer {
                                                        std::chrono::milliseconds hello_within = std::chrono::seconds(10));
   ~TcpStoreServer();
   int port() const { return port_; }
-  // Waits until every client that said HELLO has closed, or until deadline.
-  void drain(Clock::time_point deadline);
-  // Waits until `world` ranks have joined and all have left again (or the
-  // deadline): when rank 0 fails during start-up, the others still find the
-  // store and read why, instead of losing it mid-way.
-  void drain_job(int world, Clock::time_point deadline);
+  // Waits until `joined` ranks have said HELLO at some time and every one of
+  // them has closed again, or until deadline. joined > 0: when rank 0 fails
+  // during start-up, the ranks still on their way find the store and read why.
+  void drain(Clock::time_point deadline, int joined = 0);
   uint64_t rejected_connections() const;
 
  private:

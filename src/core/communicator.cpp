@@ -124,9 +124,11 @@ struct Communicator::Impl {
     return Clock::now() + t;
   }
   Result<Group*> build_group(std::vector<int> ranks);
-  Status start_network(Clock::time_point deadline);
-  // Communicator::create after connecting to the store (Ok holds null).
-  Result<std::unique_ptr<Communicator>> finish_create();
+  // one_host_possible: servers were given (SERVER_INDEX), so two of them may
+  // be this very host (simulated); found from host identities, they are not.
+  Status start_network(Clock::time_point deadline, bool one_host_possible);
+  // Communicator::create after connecting to the store.
+  Status finish_create();
   Status find_servers(Clock::time_point deadline);
   void close_network();
 };
@@ -203,10 +205,12 @@ std::string host_identity() {
 // another server turns out to be this very host (servers simulated on one
 // machine), UCX is kept to TCP on loopback so that nothing between servers
 // goes through shared memory.
-Status Communicator::Impl::start_network(Clock::time_point dl) {
-  const std::string host = host_identity();
-  if (Status s = store->set(fmt::format("host/{}", config.rank), host); !s.ok()) return s;
-  for (int srv = 0; srv < config.servers; ++srv) {
+Status Communicator::Impl::start_network(Clock::time_point dl, bool one_host_possible) {
+  const std::string host = one_host_possible ? host_identity() : std::string();
+  if (one_host_possible) {
+    if (Status s = store->set(fmt::format("host/{}", config.rank), host); !s.ok()) return s;
+  }
+  for (int srv = 0; one_host_possible && srv < config.servers; ++srv) {
     if (srv == config.server_index) continue;
     auto other = store->get(fmt::format("host/{}", config.first_rank_on(srv)), dl);
     if (!other.ok()) return other.status();
@@ -292,13 +296,12 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config,
   // From here on a failure of this rank ends the job's start-up for all:
   // the others learn why at once (not at their timeout), and rank 0 keeps
   // the store up until they have read it.
-  Result<std::unique_ptr<Communicator>> r = impl->finish_create();
-  if (!r.ok()) {
-    (void)impl->store->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value(r.status(), config.rank));
+  if (Status s = impl->finish_create(); !s.ok()) {
+    (void)impl->store->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value(s, config.rank));
     impl->groups.clear();
     impl->store.reset();
-    if (impl->server) impl->server->drain_job(config.world_size, deadline);
-    return r.status();
+    if (impl->server) impl->server->drain(deadline, config.world_size);
+    return s;
   }
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
@@ -340,36 +343,37 @@ Status Communicator::Impl::find_servers(Clock::time_point dl) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Communicator>> Communicator::Impl::finish_create() {
+Status Communicator::Impl::finish_create() {
   const auto deadline = this->deadline();
-  auto impl = this;
 
   if (config.rank == 0) {
     const char* env_job = std::getenv("FG_JOB_ID");
-    impl->job_id = (env_job != nullptr && *env_job != '\0') ? env_job : random_job_id();
-    if (Status s = impl->store->set("job_id", impl->job_id); !s.ok()) return s;
+    job_id = (env_job != nullptr && *env_job != '\0') ? env_job : random_job_id();
+    if (Status s = store->set("job_id", job_id); !s.ok()) return s;
   } else {
-    auto job = impl->store->get("job_id", deadline);
+    auto job = store->get("job_id", deadline);
     if (!job.ok()) return Status{job.status().kind(), fmt::format("rank {}: {}", config.rank, job.status().message())};
-    impl->job_id = job.value();
+    job_id = job.value();
   }
 
-  if (config.servers == 0) {
+  // Servers told apart by host identity are different hosts by construction:
+  // no need to publish and compare the identities again.
+  const bool by_identity = config.servers == 0;
+  if (by_identity) {
     if (Status s = find_servers(deadline); !s.ok()) {
       return Status{s.kind(), fmt::format("rank {}: finding which ranks share a host: {}", config.rank, s.message())};
     }
   }
   if (config.servers > 1) {
-    if (Status s = impl->start_network(deadline); !s.ok()) {
+    if (Status s = start_network(deadline, /*one_host_possible=*/!by_identity); !s.ok()) {
       return Status{s.kind(), fmt::format("rank {}: starting the inter-server transport: {}", config.rank, s.message())};
     }
   }
 
   std::vector<int> all(static_cast<size_t>(config.world_size));
   for (int r = 0; r < config.world_size; ++r) all[r] = r;
-  auto world = impl->build_group(all);
-  if (!world.ok()) return world.status();
-  return std::unique_ptr<Communicator>(nullptr);
+  auto world = build_group(all);
+  return world.status();
 }
 
 Status Communicator::destroy_group(Group* group) {
@@ -524,7 +528,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     const std::string fail_key = key + "/failure";
     impl->publish_failure = [st, mu, fail_key](const Status& s) {
       std::lock_guard<std::mutex> lock(*mu);
-      (void)st->set(fail_key, fmt::format("{}\n{}", static_cast<int>(s.kind()), s.message()));
+      (void)st->set(fail_key, bootstrap::encode_status(s));
     };
     impl->published_failure = [st, mu, fail_key]() -> std::optional<Status> {
       std::lock_guard<std::mutex> lock(*mu);
@@ -538,9 +542,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
         v = st->get(fail_key, until);
       }
       if (!v.ok()) return std::nullopt;  // nobody said why: a crash, most likely
-      const size_t nl = v.value().find('\n');
-      if (nl == std::string::npos) return std::nullopt;
-      return Status{static_cast<ErrorKind>(std::stoi(v.value().substr(0, nl))), v.value().substr(nl + 1)};
+      return bootstrap::decode_status(v.value());
     };
     // A barrier across the group: connections are made now, and a member
     // that cannot be reached fails the creation rather than the first call.
