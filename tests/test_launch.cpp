@@ -142,3 +142,21 @@ TEST(Environment, TheReadmeTableMatchesTheCode) {
   const std::string help = environment_help();
   for (const auto& v : in_code) EXPECT_NE(help.find(v), std::string::npos) << v;
 }
+
+// The README's library example is the program the ReadmeExample test runs.
+TEST(Readme, TheExampleIsTheProgramThatIsTested) {
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  const std::string readme = slurp(std::string(FG_SOURCE_DIR) + "/README.md");
+  const std::string program = slurp(std::string(FG_SOURCE_DIR) + "/tests/example_readme.cpp");
+  const std::string open = "## Using the library\n\n```cpp\n";
+  const size_t a = readme.find(open);
+  ASSERT_NE(a, std::string::npos) << "README has no library example";
+  const size_t b = readme.find("```\n", a + open.size());
+  ASSERT_NE(b, std::string::npos);
+  const std::string shown = readme.substr(a + open.size(), b - a - open.size());
+  ASSERT_GT(shown.size(), 200u);
+  EXPECT_NE(program.find(shown), std::string::npos) << "README's example differs from tests/example_readme.cpp";
+}

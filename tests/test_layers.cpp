@@ -19,9 +19,10 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"base", {}},
     {"transport", {"base"}},
     {"bootstrap", {"base"}},
-    {"algo", {"base", "transport"}},
-    {"core", {"base", "bootstrap", "transport", "algo"}},
-    {"ops", {"base", "transport", "algo", "core"}},
+    {"engine", {"base", "transport"}},
+    {"algo", {"base", "transport", "engine"}},
+    {"core", {"base", "bootstrap", "transport", "engine", "algo"}},
+    {"ops", {"base", "transport", "engine", "algo", "core"}},
     {"launch", {"base", "transport"}},
 };
 // Public headers that belong to a layer above core.

@@ -140,12 +140,19 @@ TEST(Cleanup, ACreatorKilledBeforeUnlinkIsSweptByTheNextJob) {
   opt.timeout = 3000ms;
   auto crashed = fgtest::run_job(2, [](const Config& c) -> std::string {
     if (c.rank == 1) {
-      std::this_thread::sleep_for(800ms);  // rank 0 waits at the attach barrier meanwhile
+      std::this_thread::sleep_for(800ms);  // never attaches: rank 0 waits at the attach barrier
       return "";
     }
+    // Dies holding the segment's name: as soon as its segment exists (not
+    // after a guessed delay, which a loaded machine may outlast).
     std::thread killer([] {
-      std::this_thread::sleep_for(300ms);
-      ::raise(SIGKILL);  // dies holding the segment's name
+      const std::string mine = fmt::format("-{}-", ::getpid());
+      for (int i = 0; i < 10000; ++i) {
+        for (const std::string& n : fgtest::fg_segments()) {
+          if (n.find(mine) != std::string::npos) ::raise(SIGKILL);
+        }
+        std::this_thread::sleep_for(1ms);
+      }
     });
     killer.detach();
     auto comm = Communicator::create(c);

@@ -1,5 +1,6 @@
-// The transport layer alone: two members of one segment in one process
-// (threads), stepping, waiting, timing out, aborting and cleaning up.
+// The transport layer with the engine's wait loop: two members of one
+// segment in one process (threads), stepping, waiting, timing out, aborting
+// and cleaning up.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "harness.hpp"
+#include "engine/waits.hpp"
 #include "transport/shm_channel.hpp"
 #include "transport/shm_segment.hpp"
 
@@ -26,7 +28,25 @@ constexpr size_t kRing = 64 * 1024;
 
 struct Pair {
   std::unique_ptr<ShmChannel> a, b;
+  WaitPolicy policy;
 };
+
+// One wait, run by the engine as an operation of its own (its deadline is
+// the policy's timeout from now).
+Result<const PostLine*> wait_on(ShmChannel& ch, const WaitPolicy& p, int member, uint64_t step) {
+  const PostLine* got = nullptr;
+  auto op = [&]() -> engine::Task<Status> {
+    auto r = co_await engine::arrival(ch, member, step);
+    if (!r.ok()) co_return r.status();
+    got = r.value();
+    co_return Status::Ok();
+  };
+  engine::DriveOptions o;
+  o.policy = p;
+  o.timeout = p.timeout;
+  if (Status s = engine::Driver::run(op(), o); !s.ok()) return s;
+  return got;
+}
 
 Pair make_pair(std::chrono::milliseconds timeout, std::chrono::milliseconds sleep_slice = std::chrono::milliseconds(10)) {
   static int serial = 0;
@@ -44,8 +64,9 @@ Pair make_pair(std::chrono::milliseconds timeout, std::chrono::milliseconds slee
   p.yield = 10us;
   p.sleep_slice = sleep_slice;
   Pair pr;
-  pr.a = std::make_unique<ShmChannel>(std::move(created).value(), std::vector<int>{0, 1}, 0, kRing, p, "test group");
-  pr.b = std::make_unique<ShmChannel>(std::move(alias), std::vector<int>{0, 1}, 1, kRing, p, "test group");
+  pr.policy = p;
+  pr.a = std::make_unique<ShmChannel>(std::move(created).value(), std::vector<int>{0, 1}, 0, kRing, "test group");
+  pr.b = std::make_unique<ShmChannel>(std::move(alias), std::vector<int>{0, 1}, 1, kRing, "test group");
   for (auto* c : {pr.a.get(), pr.b.get()}) {
     EXPECT_TRUE(c->check_format().ok());
     c->publish_pid();
@@ -68,14 +89,14 @@ TEST(ShmChannel, StepsCarryHeadersAndInlineBytesInOrder) {
       std::memset(d, static_cast<int>(i & 0xff), 256);  // ring data, published by the post
       PostHeader h{.bytes = i, .aux = i * 3, .op = 1, .dtype = 2, .offset = at};
       p.b->post(step, h, &i, sizeof(i));
-      auto line = p.b->wait(0, step);
+      auto line = wait_on(*p.b, p.policy, 0, step);
       ASSERT_TRUE(line.ok());
     }
   });
   for (uint64_t i = 0; i < 20000; ++i) {
     const uint64_t step = p.a->next_step();
     p.a->post(step, PostHeader{});
-    auto line = p.a->wait(1, step);
+    auto line = wait_on(*p.a, p.policy, 1, step);
     ASSERT_TRUE(line.ok()) << line.status().to_string();
     ASSERT_EQ(line.value()->header.bytes, i);
     ASSERT_EQ(line.value()->header.aux, i * 3);
@@ -121,7 +142,7 @@ TEST(ShmChannel, RingClaimsWrapAndStayLineAligned) {
 TEST(ShmChannel, WaitTimesOutNamingThePeerAndStaysBroken) {
   Pair p = make_pair(300ms);
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = p.a->wait(1, p.a->next_step());
+  auto r = wait_on(*p.a, p.policy, 1, p.a->next_step());
   const auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().kind(), ErrorKind::kTimeout);
@@ -129,8 +150,8 @@ TEST(ShmChannel, WaitTimesOutNamingThePeerAndStaysBroken) {
   EXPECT_GE(took, 300ms);
   EXPECT_LT(took, 2s);
   // Sticky: the next wait fails at once, and the peer sees this member aborted.
-  EXPECT_EQ(p.a->wait(1, p.a->next_step()).status().kind(), ErrorKind::kTimeout);
-  auto seen = p.b->wait(0, 1000);
+  EXPECT_EQ(wait_on(*p.a, p.policy, 1, p.a->next_step()).status().kind(), ErrorKind::kTimeout);
+  auto seen = wait_on(*p.b, p.policy, 0, 1000);
   EXPECT_EQ(seen.status().kind(), ErrorKind::kPeerLost);
   EXPECT_NE(seen.status().message().find("rank 0 aborted"), std::string::npos) << seen.status().message();
 }
@@ -146,7 +167,7 @@ TEST(ShmChannel, SleepingWaiterIsWokenByPost) {
     p.b->post(p.b->next_step(), PostHeader{.bytes = 7});
   });
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = p.a->wait(1, step);
+  auto r = wait_on(*p.a, p.policy, 1, step);
   const auto waited = std::chrono::steady_clock::now() - t0;
   late.join();
   ASSERT_TRUE(r.ok()) << r.status().to_string();

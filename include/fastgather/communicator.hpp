@@ -48,7 +48,21 @@ class Communicator {
   // name, boot id, network namespace, /dev/shm): shared memory among them,
   // UCX between hosts. Never forks.
   static Result<std::unique_ptr<Communicator>> create(const Config& config, std::shared_ptr<Store> store);
+  // Calls finalize() unless it was called.
   ~Communicator();
+
+  // Orderly end, collective like the destructor: requests still in flight
+  // complete (or fail on their deadline), UCX endpoints are flushed, the
+  // store host waits for every rank's goodbye. Every group, the world
+  // included, is gone afterwards. Ok when every group was healthy; else the
+  // first error a group had (the job was told: the others' waits end).
+  Status finalize();
+  // Immediate, from any thread and from a signal handler (it only stores
+  // atomics and wakes futexes): every call in flight on this rank ends
+  // within ~10 ms with ErrorKind::kAborted, later calls fail at once, and
+  // peers waiting on this rank see it gone (kPeerLost). finalize() or the
+  // destructor must still be called; they then skip the goodbyes.
+  void abort() noexcept;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -80,7 +94,8 @@ class Communicator {
 };
 
 // Members run collectives in the same order. Not thread-safe: one thread
-// drives a group at a time; different groups may run concurrently.
+// drives a group (its calls and requests) at a time; different groups may
+// run concurrently. Communicator::abort() may come from any thread.
 class Group {
  public:
   int rank() const;  // position of this process in ranks()

@@ -1,9 +1,14 @@
 // Collectives on a Group. Every member calls the same op with matching
 // sizes and dtypes; a disagreement is an ErrorKind::kMismatch on every member.
+// Each op comes in two forms: start_x(...) returns a Request at once (its
+// first bytes already posted to the peers), and x(...) is start_x(...).wait().
+// A call must complete within the communicator's timeout (Config::timeout),
+// counted from its first wait (engine/driver.hpp).
 // Within a server the group stays usable after a mismatch; a group that spans
 // servers stays failed after any error (messages may still be in flight).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <span>
 
@@ -37,11 +42,46 @@ struct AllGatherOptions {
   CallStats* stats = nullptr;                                 // filled when set
 };
 
+// A collective in flight. On one group, requests run in the order they were
+// started (the order every member must agree on): a request makes progress
+// only once those started before it have completed, and test()/wait() on a
+// later one drive the earlier ones first. The tensors given to start_x must
+// stay valid, and its inputs unchanged, until the request is complete.
+// Like the group, a request is driven by one thread at a time.
+class Request {
+ public:
+  Request() = default;  // complete, with an Ok status
+  Request(Request&&) noexcept;
+  Request& operator=(Request&&) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  // An incomplete request is completed first: the members stay in step.
+  ~Request();
+
+  // Makes progress without blocking; true once complete. A lost peer, the
+  // deadline and Communicator::abort() are noticed here too.
+  bool test();
+  // Blocks until complete; the call's status (the same on every later call).
+  Status wait();
+
+  struct State;  // internal
+
+ private:
+  friend struct RequestAccess;
+  explicit Request(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
 // out holds group.size() inputs back to back, in group-rank order.
+Request start_all_gather(Group& group, const TensorView& input, const TensorView& output,
+                         const AllGatherOptions& options = {});
 Status all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options = {});
 
 // outputs[i] receives group rank i's input. Each peer's bytes land straight
 // in outputs[i]: no staging copy beyond what the contiguous form does.
+// (start_all_gather keeps its own copy of the list of views.)
+Request start_all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
+                         const AllGatherOptions& options = {});
 Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
                   const AllGatherOptions& options = {});
 
@@ -55,7 +95,11 @@ struct AllGatherMatmulOptions {
 // npu_all_gather_base_mm: x1 (m, k) on each rank, x2 (k, n), bias (n) or none.
 // output (m*size, n) = allgather(x1) @ x2 + bias, in x1's dtype;
 // gather_out (m*size, k) = allgather(x1) when options.gather_output.
-// fp32, fp16 and bf16, accumulating in fp32.
+// fp32, fp16 and bf16, accumulating in fp32. Rows are multiplied as they
+// arrive: the GEMM is the engine's sink for each piece of the gather.
+Request start_all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2,
+                                const std::optional<TensorView>& bias, const TensorView& output,
+                                const TensorView& gather_out, const AllGatherMatmulOptions& options = {});
 Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2,
                          const std::optional<TensorView>& bias, const TensorView& output,
                          const TensorView& gather_out, const AllGatherMatmulOptions& options = {});
@@ -65,6 +109,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
 Status convert(const TensorView& src, const TensorView& dst);
 
 // A group barrier through the same channels as the collectives.
+Request start_barrier(Group& group);
 Status barrier(Group& group);
 
 }  // namespace fastgather

@@ -18,6 +18,7 @@ enum class ErrorKind {
   kSystem,           // an OS call failed (errno in the message)
   kUnsupported,      // valid request this build or transport cannot serve
   kResourceExhausted,  // not enough of something on this machine (memory, /dev/shm)
+  kAborted,          // this rank's communicator was aborted (Communicator::abort)
 };
 
 const char* to_string(ErrorKind kind);

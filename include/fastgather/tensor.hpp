@@ -49,6 +49,7 @@ class Tensor {
   void* data() const { return data_.get(); }
   template <typename T>
   T* data_as() const { return static_cast<T*>(static_cast<void*>(data_.get())); }
+  int64_t numel() const { return view().numel(); }
   size_t nbytes() const { return view().nbytes(); }
   const std::vector<int64_t>& shape() const { return shape_; }
   DType dtype() const { return dtype_; }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/waits.hpp"
 #include "fastgather/tensor.hpp"
 
 namespace fastgather::algo {
@@ -85,9 +86,10 @@ namespace {
 // same step, compare headers on the call's first step, and hand each peer's
 // bytes to `take`. Every peer is waited for even after a mismatch, so all
 // members leave the call at the same step.
-Status lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine, Protocol protocol,
-                CopyIn how, const std::byte* data, size_t len, bool first, std::string* mismatch, int* disagreeing,
-                FunctionRef<void()> posted, FunctionRef<void(int peer, const std::byte* src)> take) {
+engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
+                              Protocol protocol, CopyIn how, const std::byte* data, size_t len, bool first,
+                              std::string* mismatch, int* disagreeing, FunctionRef<void()> posted,
+                              FunctionRef<void(int peer, const std::byte* src)> take) {
   const int n = ch.members();
   const int me = ch.me();
   const uint64_t step = ch.next_step();
@@ -104,33 +106,33 @@ Status lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::Po
   // Start with the next member so peers do not all read the same one first.
   for (int i = 1; i < n; ++i) {
     const int peer = (me + i) % n;
-    auto line = ch.wait(peer, step);
-    if (!line.ok()) return line.status();
+    auto line = co_await engine::arrival(ch, peer, step);
+    if (!line.ok()) co_return line.status();
     if (first) compare(ch, call, mine, peer, line.value()->header, mismatch);
     if (first && disagreeing != nullptr && *disagreeing < 0 && !mismatch->empty()) *disagreeing = ch.world_rank(peer);
     if (!mismatch->empty() || len == 0) continue;
     take(peer, protocol == Protocol::kInline ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
                                              : ch.member_data(peer, line.value()->header.offset));
   }
-  return Status::Ok();
+  co_return Status::Ok();
 }
 
 }  // namespace
 
-Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink) {
-  if (!ch.broken().ok()) return ch.broken();
+engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSink sink) {
+  if (!ch.broken().ok()) co_return ch.broken();
   const int n = ch.members();
   const int me = ch.me();
   if (n == 1) {  // nobody to tell: the own block is all there is
     if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
-    return Status::Ok();
+    co_return Status::Ok();
   }
   const transport::PostHeader mine = header_of(call);
   const Protocol protocol = choose_protocol(call.bytes).protocol;
   const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
   if (protocol == Protocol::kCopyInOut && chunk == 0) {
-    return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
-                                                 ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
+    co_return Status{ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
+                                                          ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
   }
   // How to copy into the ring: whichever has made whole calls faster here.
   const auto started = std::chrono::steady_clock::now();
@@ -146,21 +148,23 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
   // hands what arrives to take(peer, offset, src, len). The call's first step
   // also compares headers and places this member's own block.
   bool first = true;
-  auto send_in_steps = [&](const std::byte* from, auto&& take) -> Status {
+  using Take = FunctionRef<void(int peer, size_t offset, const std::byte* src, size_t len)>;
+  auto send_in_steps = [&](const std::byte* from, Take take) -> engine::Task<Status> {
     for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
       const size_t len = std::min(chunk, call.bytes - off);
       const bool own_now = first;
       auto posted = [&] {
         if (own_now) own();
       };
-      Status s = lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, &disagreeing, posted,
-                          [&](int peer, const std::byte* src) { take(peer, off, src, len); });
-      if (!s.ok()) return s;
-      if (!mismatch.empty()) return failed();
+      auto take_step = [&](int peer, const std::byte* src) { take(peer, off, src, len); };
+      Status s = co_await lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, &disagreeing,
+                                   posted, take_step);
+      if (!s.ok()) co_return s;
+      if (!mismatch.empty()) co_return failed();
       first = false;
       off += len;
     }
-    return Status::Ok();
+    co_return Status::Ok();
   };
 
   if (call.schedule == Schedule::kRingPass && n > 2 && call.landing != nullptr) {
@@ -171,22 +175,22 @@ Status gather(transport::ShmChannel& ch, const GatherCall& call, PieceSink sink)
     for (int round = 0; round < n - 1; ++round) {
       const int send = (me - round + n) % n, recv = (me - round - 1 + n) % n;
       const std::byte* from = round == 0 ? call.input : (*call.landing)(send);
-      Status s = send_in_steps(from, [&](int peer, size_t off, const std::byte* src, size_t len) {
+      auto take = [&](int peer, size_t off, const std::byte* src, size_t len) {
         if (peer == prev) sink(recv, off, src, len);
-      });
-      if (!s.ok()) return s;
+      };
+      Status s = co_await send_in_steps(from, take);
+      if (!s.ok()) co_return s;
     }
   } else {
     // One-shot: every member's chunk goes to every peer in the same step.
-    Status s = send_in_steps(call.input, [&](int peer, size_t off, const std::byte* src, size_t len) {
-      sink(peer, off, src, len);
-    });
-    if (!s.ok()) return s;
+    auto take = [&](int peer, size_t off, const std::byte* src, size_t len) { sink(peer, off, src, len); };
+    Status s = co_await send_in_steps(call.input, take);
+    if (!s.ok()) co_return s;
   }
   if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {
     call.copy_in->record(call.bytes, how, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - started).count());
   }
-  return Status::Ok();
+  co_return Status::Ok();
 }
 
 }  // namespace fastgather::algo

@@ -11,6 +11,7 @@
 
 #include "algo/copy_in.hpp"
 #include "algo/function_ref.hpp"
+#include "engine/task.hpp"
 #include "fastgather/status.hpp"
 #include "transport/shm_channel.hpp"
 
@@ -77,7 +78,9 @@ struct GatherCall {
 // input too (src = input), once, while peers are still copying in.
 using PieceSink = FunctionRef<void(int member, size_t offset, const std::byte* src, size_t len)>;
 
-Status gather(transport::ShmChannel& channel, const GatherCall& call, PieceSink sink);
+// A coroutine: run it with co_await, or hand it to an engine::Driver. `sink`
+// and what call points to must outlive it.
+engine::Task<Status> gather(transport::ShmChannel& channel, GatherCall call, PieceSink sink);
 
 // The header every member posts for this call, and its words for errors.
 transport::PostHeader header_of(const GatherCall& call);

@@ -1,6 +1,7 @@
 #include "algo/allgather_net.hpp"
 
 #include "base/env.hpp"
+#include "engine/waits.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -44,21 +45,24 @@ class Across {
       : local_(local), net_(net), topo_(topo), call_(call), sink_(sink),
         pieces_{call.bytes, net_piece_bytes(call.bytes, call.align)}, mine_(header_of(call)) {}
 
-  Status run(Schedule schedule) {
+  // The engine keeps the network moving while this member waits for local
+  // peers (the local gather, the relay) whenever anything is in flight.
+  engine::Task<Status> run(Schedule schedule) {
     const uint32_t callno = net_.next_call();
-    // Whoever talks to the network keeps it moving while waiting for local
-    // peers (the local gather, the relay); a member that only waits for its
-    // leader's relay has nothing to progress.
-    if (schedule == Schedule::kDirect || me() == topo_.leader(topo_.mine)) local_.set_idle([this] { net_.progress(); });
-    Status s = schedule == Schedule::kDirect ? direct(callno) : hierarchical(callno);
-    local_.set_idle(nullptr);
+    Status s;
+    // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
+    if (schedule == Schedule::kDirect) {
+      s = co_await direct(callno);
+    } else {
+      s = co_await hierarchical(callno);
+    }
     if (!s.ok()) {
       // Leave nobody on this server waiting for a step that will not come,
       // and drop what is in flight.
       net_.fail(s);
       local_.abort(s);
     }
-    return s;
+    co_return s;
   }
 
   double intra_ns = 0;
@@ -73,7 +77,7 @@ class Across {
   // The server-local phase: the one-shot gather over shared memory, with
   // member indices translated to the group's. keep: also leave each block in
   // its landing place (a leader sends them on from there).
-  Status local_phase(bool keep) {
+  engine::Task<Status> local_phase(bool keep) {
     const int base = topo_.first[topo_.mine];
     GatherCall c = call_;
     c.landing = nullptr;
@@ -89,9 +93,9 @@ class Across {
       }
       sink_(member, off, src, len);
     };
-    Status s = gather(local_, c, translate);
+    Status s = co_await gather(local_, c, translate);
     if (s.kind() == ErrorKind::kMismatch) headers_compared = true;
-    return s;
+    co_return s;
   }
 
   // Receives of every piece of every member in [first, last) from `from(member)`.
@@ -117,11 +121,11 @@ class Across {
   }
 
   // Times the server-local phase (the rest of the call is inter-server time).
-  Status timed_local_phase(bool keep) {
+  engine::Task<Status> timed_local_phase(bool keep) {
     const auto t = Clock::now();
-    Status s = local_phase(keep);
+    Status s = co_await local_phase(keep);
     intra_ns += ns_since(t);
-    return s;
+    co_return s;
   }
 
   // Sends piece p of `owner`'s block, whose bytes start at block_start, to
@@ -154,9 +158,9 @@ class Across {
   }
 
   // Waits for the next received piece and checks it is the call we expect.
-  Result<const Expected*> next_piece() {
-    auto c = net_.wait_any();
-    if (!c.ok()) return c.status();
+  engine::Task<Result<const Expected*>> next_piece() {
+    auto c = co_await engine::any_receive(net_);
+    if (!c.ok()) co_return c.status();
     const Expected& e = expected_[static_cast<size_t>(c.value().token)];
     const size_t want = sizeof(PostHeader) + pieces_.length(e.piece);
     if (c.value().length < sizeof(PostHeader) || !e.header.same_call(mine_) || c.value().length != want) {
@@ -164,40 +168,40 @@ class Across {
                                ? fmt::format("a {}-byte message", c.value().length)
                                : describe(call_, e.header);
       headers_compared = c.value().length >= sizeof(PostHeader);
-      return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent {} (piece {} of rank {}'s block), rank {} expected {}",
+      co_return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent {} (piece {} of rank {}'s block), rank {} expected {}",
                                                       net_.label(), net_.world_rank(e.owner), theirs, e.piece,
                                                       net_.world_rank(e.owner), net_.world_rank(me()),
                                                       describe(call_, mine_)),
                     net_.world_rank(e.owner)};
     }
-    return &e;
+    co_return &e;
   }
 
   // Direct: every member sends its block to every member on other servers,
   // posts receives for theirs straight into their landing places, and runs
   // the server-local gather while the network works.
-  Status direct(uint32_t callno) {
+  engine::Task<Status> direct(uint32_t callno) {
     expected_.clear();
-    if (Status s = post_receives(callno, 0, topo_.members(), [](int m) { return m; }); !s.ok()) return s;
+    if (Status s = post_receives(callno, 0, topo_.members(), [](int m) { return m; }); !s.ok()) co_return s;
     for (int m = 0; m < topo_.members(); ++m) {
       if (topo_.local(m)) continue;
-      if (Status s = send_block(callno, m, me(), call_.input); !s.ok()) return s;
+      if (Status s = send_block(callno, m, me(), call_.input); !s.ok()) co_return s;
     }
-    if (Status s = timed_local_phase(false); !s.ok()) return s;
+    if (Status s = co_await timed_local_phase(false); !s.ok()) co_return s;
     for (size_t left = expected_.size(); left > 0; --left) {
-      auto e = next_piece();
-      if (!e.ok()) return e.status();
+      auto e = co_await next_piece();
+      if (!e.ok()) co_return e.status();
       const size_t off = pieces_.offset(e.value()->piece);
       if (call_.bytes != 0) sink_(e.value()->owner, off, landing(e.value()->owner, off), pieces_.length(e.value()->piece));
     }
-    return net_.wait_sends();
+    co_return co_await engine::sends_done(net_);
   }
 
   // Hierarchical: the leader posts its receives, then gathers within the
   // server, sending each local piece on to the other leaders as it lands;
   // it relays what it receives to its server's members through its
   // shared-memory ring, piece by piece as the pieces arrive.
-  Status hierarchical(uint32_t callno) {
+  engine::Task<Status> hierarchical(uint32_t callno) {
     const int leader = topo_.leader(topo_.mine);
     const bool am_leader = me() == leader;
     if (am_leader) {
@@ -207,25 +211,25 @@ class Across {
       expected_.clear();
       if (Status s = post_receives(callno, 0, topo_.members(), [&](int m) { return topo_.leader(topo_.server_of(m)); });
           !s.ok()) {
-        return s;
+        co_return s;
       }
       sent_.assign(static_cast<size_t>(topo_.local_count()), 0);
       forward_call_ = callno;
       forwarding_ = true;
     }
-    Status s = timed_local_phase(am_leader);
+    Status s = co_await timed_local_phase(am_leader);
     forwarding_ = false;
-    if (!s.ok()) return s;
-    if (!forward_error_.ok()) return forward_error_;
+    if (!s.ok()) co_return s;
+    if (!forward_error_.ok()) co_return forward_error_;
     if (am_leader) {
       for (int m = topo_.first[topo_.mine]; m < topo_.first[topo_.mine + 1]; ++m) {
-        if (Status f = forward(callno, m, call_.bytes); !f.ok()) return f;  // 0 bytes: the header alone
+        if (Status f = forward(callno, m, call_.bytes); !f.ok()) co_return f;  // 0 bytes: the header alone
       }
     }
     const size_t chunk = call_.bytes == 0 ? 0 : max_piece(local_, call_.align);
     if (call_.bytes != 0 && chunk == 0) {
-      return {ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte ring step", local_.label(),
-                                                   call_.align, local_.max_step_bytes())};
+      co_return Status{ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte ring step",
+                                                            local_.label(), call_.align, local_.max_step_bytes())};
     }
     const int remote_members = topo_.members() - topo_.local_count();
     const bool relay = topo_.local_count() > 1 && call_.bytes != 0;
@@ -246,21 +250,21 @@ class Across {
         // local phase (seen: 3 members on a server got stale blocks).
         for (int peer = 1; i == 0 && peer < local_.members(); ++peer) {
           if (peer == local_.me()) continue;
-          if (auto l = local_.wait(peer, step); !l.ok()) return l.status();
+          if (auto l = co_await engine::arrival(local_, peer, step); !l.ok()) co_return l.status();
         }
-        auto line = local_.wait(0, step);  // the leader is local member 0
-        if (!line.ok()) return line.status();
+        auto line = co_await engine::arrival(local_, 0, step);  // the leader is local member 0
+        if (!line.ok()) co_return line.status();
         const PostHeader& h = line.value()->header;
         const int owner = static_cast<int>(h.aux >> 48);
         const size_t off = h.aux & ((uint64_t{1} << 48) - 1);
         sink_(owner, off, local_.member_data(0, h.offset), h.bytes);
       }
-      return Status::Ok();
+      co_return Status::Ok();
     }
 
     for (size_t left = expected_.size(); left > 0; --left) {
-      auto e = next_piece();
-      if (!e.ok()) return e.status();
+      auto e = co_await next_piece();
+      if (!e.ok()) co_return e.status();
       const int owner = e.value()->owner;
       const size_t off0 = pieces_.offset(e.value()->piece), len0 = pieces_.length(e.value()->piece);
       if (call_.bytes == 0) continue;
@@ -279,12 +283,12 @@ class Across {
         // Lockstep with the members (see shm_channel.hpp): their post of this
         // step says they are done with the one before.
         for (int i = 1; i < local_.members(); ++i) {
-          auto line = local_.wait(i, step);
-          if (!line.ok()) return line.status();
+          auto line = co_await engine::arrival(local_, i, step);
+          if (!line.ok()) co_return line.status();
         }
       }
     }
-    return net_.wait_sends();
+    co_return co_await engine::sends_done(net_);
   }
 
   ShmChannel& local_;
@@ -345,28 +349,29 @@ size_t net_piece_bytes(size_t bytes, size_t align) {
   return piece;
 }
 
-Status gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, PieceSink sink) {
-  if (!net.broken().ok()) return net.broken();
-  if (!local.broken().ok()) return local.broken();
+engine::Task<Status> gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
+                                   PieceSink sink) {
+  if (!net.broken().ok()) co_return net.broken();
+  if (!local.broken().ok()) co_return local.broken();
   if (call.schedule == Schedule::kRingPass) {
-    return {ErrorKind::kUnsupported, fmt::format("{}: the ring schedule runs within one server; a group across servers "
-                                                 "runs direct or hierarchical", net.label())};
+    co_return Status{ErrorKind::kUnsupported, fmt::format("{}: the ring schedule runs within one server; a group across "
+                                                          "servers runs direct or hierarchical", net.label())};
   }
   if (call.bytes != 0 && call.landing == nullptr) {
-    return {ErrorKind::kUnsupported, fmt::format("{}: this op keeps no copy of the gathered blocks", net.label())};
+    co_return Status{ErrorKind::kUnsupported, fmt::format("{}: this op keeps no copy of the gathered blocks", net.label())};
   }
   GatherCall c = call;
   c.schedule = choose_schedule(topo, call.bytes, call.schedule);
   const auto t0 = Clock::now();
   Across run(local, net, topo, c, sink);
-  Status s = run.run(c.schedule);
+  Status s = co_await run.run(c.schedule);
   if (call.stats != nullptr) {
     call.stats->schedule = c.schedule;
     call.stats->intra_ns = run.intra_ns;
     call.stats->inter_ns = ns_since(t0) - run.intra_ns;
     call.stats->headers_compared = run.headers_compared;
   }
-  return s;
+  co_return s;
 }
 
 }  // namespace fastgather::algo

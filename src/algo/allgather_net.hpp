@@ -42,7 +42,8 @@ size_t net_piece_bytes(size_t bytes, size_t align);
 // call.landing must be set unless call.bytes is 0. call.schedule: kOneShot
 // (choose), kDirect or kHierarchical. On failure both channels are broken,
 // so every later call on the group fails at once.
-Status gather_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
-                     const GatherCall& call, PieceSink sink);
+// A coroutine, like gather().
+engine::Task<Status> gather_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
+                                   GatherCall call, PieceSink sink);
 
 }  // namespace fastgather::algo

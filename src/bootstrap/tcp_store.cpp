@@ -400,7 +400,7 @@ std::optional<Status> decode_status(std::string_view value) {
     if (ch < '0' || ch > '9') return std::nullopt;
     k = k * 10 + (ch - '0');
   }
-  if (k <= 0 || k > static_cast<int>(ErrorKind::kResourceExhausted)) return std::nullopt;
+  if (k <= 0 || k > static_cast<int>(ErrorKind::kAborted)) return std::nullopt;
   return Status{static_cast<ErrorKind>(k), std::string(value.substr(nl + 1))};
 }
 

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -18,6 +20,7 @@
 #include "base/env.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "core/group_impl.hpp"
+#include "engine/driver.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
 #include "transport/shm_segment.hpp"
@@ -116,6 +119,14 @@ struct Communicator::Impl {
   std::mutex store_mu;
   bool loopback = false;                       // all servers on this one host (simulated)
   std::vector<std::unique_ptr<Group>> groups;  // groups[0]: world
+  // abort() sets the flag and reaches every group's shared memory through
+  // this table, which it can read from any thread or a signal handler
+  // (build_group fills a slot, destroy_group empties it).
+  std::atomic<int> aborted{0};
+  static constexpr size_t kMaxGroups = 4096;
+  std::array<std::atomic<transport::ShmChannel*>, kMaxGroups> channels{};
+  bool finalized = false;
+  Status finalize();
   std::map<std::vector<int>, int> created;     // how often each member list was built
   int serial = 0;
 
@@ -138,7 +149,7 @@ struct Communicator::Impl {
 // would otherwise strand a peer's last flush. After a failure nothing is
 // waited for: the group's endpoints were force-closed already.
 void Communicator::Impl::close_network() {
-  bool healthy = true;
+  bool healthy = aborted.load(std::memory_order_acquire) == 0;
   for (auto& g : groups) {
     if (auto* net = impl_of(*g)->net.get()) {
       healthy &= net->broken().ok();
@@ -224,29 +235,48 @@ Status Communicator::Impl::start_network(Clock::time_point dl, bool one_host_pos
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Communicator::~Communicator() {
-  // A rank leaving with a broken group (a timeout, a lost peer) ends the
-  // job: it says why in the store, so that nobody waits on it there, and
-  // rank 0 holds its exit for the others' goodbyes at most 500 ms (they may
-  // be the very ranks that never came). Healthy, rank 0 waits for them as before.
+Communicator::~Communicator() { (void)impl_->finalize(); }
+
+Status Communicator::finalize() { return impl_->finalize(); }
+
+void Communicator::abort() noexcept {
+  impl_->aborted.store(1, std::memory_order_release);
+  for (auto& slot : impl_->channels) {
+    if (transport::ShmChannel* ch = slot.load(std::memory_order_acquire)) ch->abort_now();
+  }
+}
+
+// Orderly: what was started completes (or fails on its deadline), UCX
+// endpoints are flushed, and the store host waits for everyone's goodbye.
+//
+// A rank leaving with a broken group (a timeout, a lost peer, an abort) ends
+// the job: it says why in the store, so that nobody waits on it there, and
+// rank 0 holds its exit for the others' goodbyes at most 500 ms (they may
+// be the very ranks that never came). Healthy, rank 0 waits for them as before.
+Status Communicator::Impl::finalize() {
+  if (finalized) return Status::Ok();
+  finalized = true;
+  for (auto& g : groups) impl_of(*g)->queue.drain();
   Status broken;
-  for (auto& g : impl_->groups) {
+  if (aborted.load(std::memory_order_acquire) != 0) {
+    broken = {ErrorKind::kAborted, fmt::format("rank {} aborted its communicator", config.rank), config.rank};
+  }
+  for (auto& g : groups) {
     const Group::Impl& gi = *impl_of(*g);
     if (broken.ok() && !gi.channel->broken().ok()) broken = gi.channel->broken();
     if (broken.ok() && gi.net && !gi.net->broken().ok()) broken = gi.net->broken();
   }
-  if (impl_->ucx) impl_->close_network();
-  if (!broken.ok() && impl_->store) {
-    (void)impl_->store->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value(broken, impl_->config.rank));
-  }
-  impl_->groups.clear();
-  impl_->store.reset();  // says BYE
+  if (ucx) close_network();
+  if (!broken.ok() && store) (void)store->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value(broken, config.rank));
+  for (auto& slot : channels) slot.store(nullptr, std::memory_order_release);
+  groups.clear();
+  store.reset();  // says BYE
   // The store host stays up while the others still read from it (failure
   // reasons, the abort); after a failure only briefly, since the rank that
   // broke the group may never say goodbye.
-  if (impl_->server) {
-    impl_->server->drain(broken.ok() ? impl_->deadline() : Clock::now() + std::chrono::milliseconds(500));
-  }
+  if (server) server->drain(broken.ok() ? deadline() : Clock::now() + std::chrono::milliseconds(500));
+  server.reset();
+  return broken;
 }
 
 int Communicator::rank() const { return impl_->config.rank; }
@@ -385,6 +415,10 @@ Status Communicator::destroy_group(Group* group) {
   if (it == gs.end()) {
     return {ErrorKind::kInvalidArgument, fmt::format("rank {}: that group is not one of this communicator's", rank())};
   }
+  impl_of(**it)->queue.drain();  // what was started on it completes first
+  for (auto& slot : impl_->channels) {
+    if (slot.load() == impl_of(**it)->channel.get()) slot.store(nullptr);
+  }
   if (auto* net = impl_of(**it)->net.get()) {
     net->begin_close();
     const auto until = impl_->deadline();
@@ -485,7 +519,9 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   // Waiting policy by how many processes compete for this host's cores.
   const int on_host = loopback ? config.world_size : config.ranks_on(config.server_index);
   const auto policy = transport::WaitPolicy::for_members(spans ? std::max(on_host, local_n) : local_n, config.timeout);
-  impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, policy, label);
+  impl->policy = policy;
+  impl->aborted = &aborted;
+  impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, label);
   if (Status s = impl->channel->check_format(); !s.ok()) return where(s);
   impl->channel->publish_pid();
   if (Status s = store->barrier(local_key + "/attached", local_n, dl); !s.ok()) return where(s);
@@ -520,7 +556,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
       addresses[m] = std::move(addr).value();
     }
     auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(std::stoi(id)), ranks, me,
-                                              addresses, policy, label);
+                                              addresses, label);
     if (!net.ok()) return where(net.status());
     impl->net = std::move(net).value();
     Store* st = store.get();
@@ -548,13 +584,19 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     // that cannot be reached fails the creation rather than the first call.
     algo::GatherCall hello;
     hello.op = algo::OpCode::kBarrier;
-    if (Status s = algo::gather_across(*impl->channel, *impl->net, impl->topo, hello,
-                                       [](int, size_t, const std::byte*, size_t) {});
+    auto nothing = [](int, size_t, const std::byte*, size_t) {};
+    if (Status s = engine::Driver::run(algo::gather_across(*impl->channel, *impl->net, impl->topo, hello, nothing),
+                                       impl->drive_options());
         !s.ok()) {
       return where(s);
     }
   }
 
+  if (groups.size() >= kMaxGroups) return where({ErrorKind::kResourceExhausted, fmt::format("more than {} groups", kMaxGroups)});
+  for (auto& slot : channels) {
+    transport::ShmChannel* none = nullptr;
+    if (slot.compare_exchange_strong(none, impl->channel.get())) break;
+  }
   groups.push_back(GroupAccess::make(std::move(impl)));
   return groups.back().get();
 }

@@ -11,6 +11,7 @@
 
 #include "algo/allgather_net.hpp"
 #include "algo/copy_in.hpp"
+#include "engine/driver.hpp"
 #include "fastgather/communicator.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
@@ -36,6 +37,20 @@ struct Group::Impl {
   // fused op's call time includes its GEMM.
   algo::CopyInChooser copy_in;
   algo::CopyInChooser copy_in_fused;
+  // How its operations wait, and what ends them early.
+  transport::WaitPolicy policy;
+  const std::atomic<int>* aborted = nullptr;  // the communicator's flag
+  // Started operations, oldest first (engine/driver.hpp).
+  engine::Queue queue;
+
+  engine::DriveOptions drive_options() const {
+    engine::DriveOptions o;
+    o.policy = policy;
+    o.timeout = policy.timeout;
+    o.aborted = aborted;
+    o.net = net.get();
+    return o;
+  }
 };
 
 // How the library's own code reaches a Group's insides (Group keeps them private).

@@ -12,6 +12,7 @@ const char* to_string(ErrorKind kind) {
     case ErrorKind::kSystem: return "System";
     case ErrorKind::kUnsupported: return "Unsupported";
     case ErrorKind::kResourceExhausted: return "ResourceExhausted";
+    case ErrorKind::kAborted: return "Aborted";
   }
   return "Unknown";
 }

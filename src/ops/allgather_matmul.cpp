@@ -11,6 +11,7 @@
 #include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/convert.hpp"
+#include "ops/request.hpp"
 #include "ops/validate.hpp"
 
 namespace fastgather {
@@ -69,11 +70,10 @@ Status check_args(const Group& g, const TensorView& x1, const TensorView& x2, co
   return Status::Ok();
 }
 
-}  // namespace
-
-Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
-                         const TensorView& output, const TensorView& gather_out, const AllGatherMatmulOptions& options) {
-  if (Status s = check_args(group, x1, x2, bias, output, gather_out, options.gather_output); !s.ok()) return s;
+engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, const TensorView& x2,
+                                          const std::optional<TensorView>& bias, const TensorView& output,
+                                          const TensorView& gather_out, AllGatherMatmulOptions options) {
+  if (Status s = check_args(group, x1, x2, bias, output, gather_out, options.gather_output); !s.ok()) co_return s;
   const DType dt = x1.dtype;
   const size_t elt = dtype_size(dt);
   const size_t m = static_cast<size_t>(x1.shape[0]), k = static_cast<size_t>(x1.shape[1]);
@@ -82,8 +82,9 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   auto& ch = channel_of(group);
   const size_t max_rows = row_bytes == 0 ? 0 : algo::max_piece(ch, row_bytes) / row_bytes;
   if (row_bytes != 0 && max_rows == 0) {
-    return {ErrorKind::kUnsupported, fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte step; raise FG_RING_BYTES",
-                                                 kOp, group.describe(), row_bytes, ch.max_step_bytes())};
+    co_return Status{ErrorKind::kUnsupported,
+                     fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte step; raise FG_RING_BYTES", kOp,
+                                 group.describe(), row_bytes, ch.max_step_bytes())};
   }
   set_blas_threads(options.gemm_threads);
 
@@ -125,7 +126,7 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
   call.align = row_bytes == 0 ? 1 : row_bytes;
   call.copy_in = &impl_of(group)->copy_in_fused;
   if (options.algorithm == AllGatherAlgorithm::kRing) {
-    return ops::invalid(group, kOp, "the ring schedule is offered for all_gather only");
+    co_return ops::invalid(group, kOp, "the ring schedule is offered for all_gather only");
   }
   call.schedule = options.algorithm == AllGatherAlgorithm::kDirect         ? algo::Schedule::kDirect
                   : options.algorithm == AllGatherAlgorithm::kHierarchical ? algo::Schedule::kHierarchical
@@ -165,7 +166,8 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
     if (!is_f32) ops::from_float(dt, c_buf, out_bytes + row0 * n * elt, rows * n);
   };
 
-  Status st = ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  // The engine's sink for each piece that arrives: keep it, multiply it.
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     const size_t first_row = static_cast<size_t>(member) * m + off / row_bytes;
     if (keep) {
       std::byte* dst = kept + first_row * row_bytes;
@@ -177,14 +179,33 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
     for (size_t r = 0; r < rows; r += block_rows) {
       multiply(first_row + r, std::min(block_rows, rows - r), src + r * row_bytes);
     }
-  }, options.stats);
+  };
+  Status st = co_await ops::run_gather(group, call, sink, options.stats);
   if (st.ok() && k == 0) {
     // No bytes moved, but the output is still bias (or zero) broadcast over m*size rows.
     for (size_t r = 0; r < m * static_cast<size_t>(group.size()); r += block_rows) {
       multiply(r, std::min(block_rows, m * group.size() - r), nullptr);
     }
   }
-  return st;
+  co_return st;
+}
+
+engine::Task<Status> owning_all_gather_matmul(Group& group, TensorView x1, TensorView x2, std::optional<TensorView> bias,
+                                              TensorView output, TensorView gather_out, AllGatherMatmulOptions options) {
+  co_return co_await all_gather_matmul_op(group, x1, x2, bias, output, gather_out, options);
+}
+
+}  // namespace
+
+Request start_all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2,
+                                const std::optional<TensorView>& bias, const TensorView& output,
+                                const TensorView& gather_out, const AllGatherMatmulOptions& options) {
+  return RequestAccess::start(group, owning_all_gather_matmul(group, x1, x2, bias, output, gather_out, options));
+}
+
+Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
+                         const TensorView& output, const TensorView& gather_out, const AllGatherMatmulOptions& options) {
+  return RequestAccess::run(group, all_gather_matmul_op(group, x1, x2, bias, output, gather_out, options));
 }
 
 }  // namespace fastgather

@@ -4,6 +4,7 @@
 #include "core/group_impl.hpp"
 #include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
+#include "ops/request.hpp"
 #include "ops/validate.hpp"
 
 namespace fastgather {
@@ -41,56 +42,59 @@ algo::GatherCall gather_call(const TensorView& input, const AllGatherOptions& op
   return call;
 }
 
-}  // namespace
-
-Status all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options) {
+// The ops as coroutines; they take references, which the blocking calls'
+// arguments satisfy and the start_ forms keep alive in their own frames.
+engine::Task<Status> all_gather_op(Group& group, const TensorView& input, const TensorView& output,
+                                   AllGatherOptions options) {
   constexpr const char* kOp = "all_gather";
-  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) return s;
-  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) return s;
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
+  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
   const size_t bytes = input.nbytes();
   const size_t n = static_cast<size_t>(group.size());
   if (output.dtype != input.dtype) {
-    return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype), dtype_name(input.dtype)));
+    co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
+                                                   dtype_name(input.dtype)));
   }
   if (output.nbytes() != bytes * n) {
-    return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; {} ranks x {} input bytes need {}",
-                                                output.describe(), output.nbytes(), n, bytes, bytes * n));
+    co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; {} ranks x {} input bytes need {}",
+                                                   output.describe(), output.nbytes(), n, bytes, bytes * n));
   }
   auto* out = static_cast<std::byte*>(output.data);
   const auto* own_slot = out + static_cast<size_t>(group.rank()) * bytes;
   // In place (input is this rank's block of output) is fine; any other overlap is not.
   if (input.data != own_slot && ops::overlaps(input.data, bytes, out, bytes * n)) {
-    return ops::invalid(group, kOp, "input overlaps output other than as this rank's own block");
+    co_return ops::invalid(group, kOp, "input overlaps output other than as this rank's own block");
   }
   auto landing = [&](int member) -> std::byte* { return out + static_cast<size_t>(member) * bytes; };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &impl_of(group)->copy_in;
-  return ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) std::memcpy(dst, src, len);
-  }, options.stats);
+  };
+  co_return co_await ops::run_gather(group, call, sink, options.stats);
 }
 
-Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
-                  const AllGatherOptions& options) {
+engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, std::span<const TensorView> outputs,
+                                        AllGatherOptions options) {
   constexpr const char* kOp = "all_gather(list)";
-  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) return s;
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
   const size_t bytes = input.nbytes();
   if (outputs.size() != static_cast<size_t>(group.size())) {
-    return ops::invalid(group, kOp, fmt::format("{} output buffers for {} ranks", outputs.size(), group.size()));
+    co_return ops::invalid(group, kOp, fmt::format("{} output buffers for {} ranks", outputs.size(), group.size()));
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const TensorView& o = outputs[i];
     const std::string what = fmt::format("outputs[{}]", i);
-    if (Status s = ops::need_data(group, kOp, what.c_str(), o); !s.ok()) return s;
+    if (Status s = ops::need_data(group, kOp, what.c_str(), o); !s.ok()) co_return s;
     if (o.dtype != input.dtype || o.nbytes() != bytes) {
-      return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes)", what, o.describe(),
-                                                  o.nbytes(), input.describe(), bytes));
+      co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes)", what, o.describe(),
+                                                     o.nbytes(), input.describe(), bytes));
     }
     if (o.data != input.data && ops::overlaps(o.data, bytes, input.data, bytes)) {
-      return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
+      co_return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
     }
   }
   auto landing = [&](int member) -> std::byte* { return static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data); };
@@ -98,16 +102,52 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &impl_of(group)->copy_in;
-  return ops::run_gather(group, call, [&](int member, size_t off, const std::byte* src, size_t len) {
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) std::memcpy(dst, src, len);
-  }, options.stats);
+  };
+  co_return co_await ops::run_gather(group, call, sink, options.stats);
 }
 
-Status barrier(Group& group) {
+engine::Task<Status> barrier_op(Group& group) {
   algo::GatherCall call;
   call.op = algo::OpCode::kBarrier;
-  return ops::run_gather(group, call, [](int, size_t, const std::byte*, size_t) {});
+  auto sink = [](int, size_t, const std::byte*, size_t) {};
+  co_return co_await ops::run_gather(group, call, sink);
 }
+
+// The start_ forms own copies of what they were given.
+engine::Task<Status> owning_all_gather(Group& group, TensorView input, TensorView output, AllGatherOptions options) {
+  co_return co_await all_gather_op(group, input, output, options);
+}
+
+engine::Task<Status> owning_all_gather_list(Group& group, TensorView input, std::vector<TensorView> outputs,
+                                            AllGatherOptions options) {
+  co_return co_await all_gather_list_op(group, input, outputs, options);
+}
+
+}  // namespace
+
+Request start_all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options) {
+  return RequestAccess::start(group, owning_all_gather(group, input, output, options));
+}
+
+Status all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options) {
+  return RequestAccess::run(group, all_gather_op(group, input, output, options));
+}
+
+Request start_all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
+                         const AllGatherOptions& options) {
+  return RequestAccess::start(group, owning_all_gather_list(group, input, {outputs.begin(), outputs.end()}, options));
+}
+
+Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
+                  const AllGatherOptions& options) {
+  return RequestAccess::run(group, all_gather_list_op(group, input, outputs, options));
+}
+
+Request start_barrier(Group& group) { return RequestAccess::start(group, barrier_op(group)); }
+
+Status barrier(Group& group) { return RequestAccess::run(group, barrier_op(group)); }
 
 }  // namespace fastgather

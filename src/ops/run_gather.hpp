@@ -16,20 +16,21 @@ namespace fastgather::ops {
 
 // Runs an all-gather schedule on the group: within one server, or across.
 // stats, when set, says where the time went.
-inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
+// A coroutine: `sink` must outlive it.
+inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
   Group::Impl& i = *impl_of(g);
   algo::GatherStats st;
   call.stats = &st;
   Status s;
   if (i.net == nullptr) {
-    if (stats == nullptr) return algo::gather(*i.channel, call, sink);  // the hot path: no clock reads
+    if (stats == nullptr) co_return co_await algo::gather(*i.channel, call, sink);  // the hot path: no clock reads
     const auto t0 = std::chrono::steady_clock::now();
-    s = algo::gather(*i.channel, call, sink);
+    s = co_await algo::gather(*i.channel, call, sink);
     st.schedule = call.schedule == algo::Schedule::kRingPass ? call.schedule : algo::Schedule::kOneShot;
     st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   } else {
     const bool was_broken = !i.net->broken().ok() || !i.channel->broken().ok();
-    s = algo::gather_across(*i.channel, *i.net, i.topo, call, sink);
+    s = co_await algo::gather_across(*i.channel, *i.net, i.topo, call, sink);
     if (!s.ok() && !was_broken && (s.kind() == ErrorKind::kMismatch || s.kind() == ErrorKind::kPeerLost)) {
       // Say what we saw at once, if it names both calls; otherwise what
       // another member saw may say more (a truncated message has no header).
@@ -52,7 +53,7 @@ inline Status run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, 
     }
     *stats = {typed, st.intra_ns, st.inter_ns};
   }
-  return s;
+  co_return s;
 }
 
 }  // namespace fastgather::ops

@@ -1,10 +1,8 @@
 #include "transport/net_channel.hpp"
 
 #include <poll.h>
-#include <sched.h>
 
 #include <cstdlib>
-#include <functional>
 #include <optional>
 
 #include <fmt/format.h>
@@ -231,8 +229,7 @@ struct NetChannel::Impl {
 
 Result<std::unique_ptr<NetChannel>> NetChannel::connect(std::unique_ptr<UcxWorker> worker, uint16_t group_id,
                                                         std::vector<int> world_ranks, int me,
-                                                        const std::vector<std::string>& addresses, WaitPolicy policy,
-                                                        std::string label) {
+                                                        const std::vector<std::string>& addresses, std::string label) {
   if (world_ranks.size() > static_cast<size_t>(kMaxNetMembers)) {
     return Status{ErrorKind::kUnsupported,
                   fmt::format("{}: {} members; groups across servers hold at most {}", label, world_ranks.size(), kMaxNetMembers)};
@@ -245,7 +242,6 @@ Result<std::unique_ptr<NetChannel>> NetChannel::connect(std::unique_ptr<UcxWorke
   ch->impl_->eps.resize(world_ranks.size());
   ch->world_ranks_ = std::move(world_ranks);
   ch->me_ = me;
-  ch->policy_ = policy;
   ch->label_ = std::move(label);
   for (size_t m = 0; m < addresses.size(); ++m) {
     if (addresses[m].empty()) continue;
@@ -330,114 +326,91 @@ size_t NetChannel::pending_receives() const {
   return n;
 }
 
-Status NetChannel::wait_until(const char* what, const std::function<bool()>& done) {
-  const auto start = Clock::now();
+std::optional<NetChannel::Completion> NetChannel::poll_receive() {
+  if (!broken_.ok()) return std::nullopt;
+  for (auto& op : impl_->recvs) {
+    if (!op->reported && impl_->poll(*op, true) && op->status == UCS_OK) {
+      op->reported = true;
+      Completion c{op->token, op->info.length};
+      if (pending_receives() == 0) impl_->recvs.clear();
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
+bool NetChannel::poll_sends() {
+  if (!broken_.ok()) return false;
+  for (auto& op : impl_->sends) {
+    if (!impl_->poll(*op, false) || op->status != UCS_OK) return false;
+  }
+  impl_->sends.clear();
+  return true;
+}
+
+bool NetChannel::busy() const { return !impl_->recvs.empty() || !impl_->sends.empty() || !impl_->closing.empty(); }
+
+Status NetChannel::check(const char* what, std::optional<Clock::time_point>& lost_since) {
+  if (!broken_.ok()) return broken_;
   auto& eps = impl_->eps;
-  auto lost = [&](int peer) -> Status {
-    ucs_status_t e = eps[peer].error;
-    return {ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was {} (UCX: {})", label_, world_ranks_[peer],
-                                              world_ranks_[me_], what, ucs_status_string(e)),
-            world_ranks_[peer]};
-  };
   // A peer that failed a call (a mismatch it saw) closes its endpoints; what
   // other peers sent before that is still on its way. So a lost peer is
   // reported only once nothing else has arrived for a short grace period, and
   // the caller gets to judge the messages that did arrive first.
   constexpr auto kGrace = std::chrono::milliseconds(10);
-  std::optional<Clock::time_point> lost_at;
-  for (;;) {
-    ucp_worker_progress(impl_->w->worker);
-    if (done()) return Status::Ok();
-    // Health: an endpoint we wait on has failed, or an op completed with an error.
-    int lost_peer = -1;
-    for (auto* list : {&impl_->recvs, &impl_->sends}) {
-      for (auto& op : *list) {
-        if (op->request != nullptr && eps[op->peer].error != UCS_OK && lost_peer < 0) lost_peer = op->peer;
-        if (op->request == nullptr && op->status != UCS_OK && !op->reported) {
-          if (op->status == UCS_ERR_MESSAGE_TRUNCATED) {
-            size_t posted = 0;
-            for (const auto& v : op->iov) posted += v.length;
-            return {ErrorKind::kMismatch, fmt::format("{}: rank {} sent a message larger than the {} bytes (with header) "
-                                                      "rank {} expected", label_, world_ranks_[op->peer], posted,
-                                                      world_ranks_[me_])};
-          }
-          if (eps[op->peer].error != UCS_OK || peer_gone(op->status)) {
-            if (lost_peer < 0) lost_peer = op->peer;
-            continue;
-          }
-          return ucx_error(fmt::format("{}: rank {} {} rank {}", label_, world_ranks_[me_], what, world_ranks_[op->peer]),
-                           op->status);
+  int lost_peer = -1;
+  for (auto* list : {&impl_->recvs, &impl_->sends}) {
+    for (auto& op : *list) {
+      if (op->request != nullptr && eps[op->peer].error != UCS_OK && lost_peer < 0) lost_peer = op->peer;
+      if (op->request == nullptr && op->status != UCS_OK && op->status != UCS_INPROGRESS && !op->reported) {
+        if (op->status == UCS_ERR_MESSAGE_TRUNCATED) {
+          size_t posted = 0;
+          for (const auto& v : op->iov) posted += v.length;
+          return {ErrorKind::kMismatch, fmt::format("{}: rank {} sent a message larger than the {} bytes (with header) "
+                                                    "rank {} expected", label_, world_ranks_[op->peer], posted,
+                                                    world_ranks_[me_])};
         }
+        if (eps[op->peer].error != UCS_OK || peer_gone(op->status)) {
+          if (lost_peer < 0) lost_peer = op->peer;
+          continue;
+        }
+        return ucx_error(fmt::format("{}: rank {} {} rank {}", label_, world_ranks_[me_], what, world_ranks_[op->peer]),
+                         op->status);
       }
     }
-    if (lost_peer >= 0) {
-      if (!lost_at) lost_at = Clock::now();
-      if (Clock::now() - *lost_at > kGrace) return lost(lost_peer);
-      continue;
-    }
-    const auto waited = Clock::now() - start;
-    if (policy_.timeout.count() > 0 && waited > policy_.timeout) {
-      int peer = -1;
-      for (auto* list : {&impl_->recvs, &impl_->sends}) {
-        for (auto& op : *list) {
-          if (peer < 0 && op->request != nullptr) peer = op->peer;
-        }
-      }
-      return {ErrorKind::kTimeout, fmt::format("{}: rank {} did not arrive within {} ms (rank {} was {})", label_,
-                                               peer >= 0 ? world_ranks_[peer] : -1, policy_.timeout.count(),
-                                               world_ranks_[me_], what),
-              peer >= 0 ? world_ranks_[peer] : -1};
-    }
-    if (waited < policy_.spin) continue;
-    if (waited < policy_.spin + policy_.yield) {
-      ::sched_yield();
-      continue;
-    }
-    // Sleep until the worker has events (or a slice passes: health and deadline again).
-    ucs_status_t st = ucp_worker_arm(impl_->w->worker);
-    if (st == UCS_ERR_BUSY) continue;
-    if (st != UCS_OK) return ucx_error(fmt::format("{}: arming the UCX worker", label_), st);
-    pollfd p{impl_->w->efd, POLLIN, 0};
-    ::poll(&p, 1, 10);
   }
+  if (lost_peer < 0) {
+    lost_since.reset();
+    return Status::Ok();
+  }
+  if (!lost_since) lost_since = Clock::now();
+  if (Clock::now() - *lost_since <= kGrace) return Status::Ok();
+  return {ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was {} (UCX: {})", label_,
+                                            world_ranks_[lost_peer], world_ranks_[me_], what,
+                                            ucs_status_string(eps[lost_peer].error != UCS_OK ? eps[lost_peer].error
+                                                                                               : UCS_ERR_CONNECTION_RESET)),
+          world_ranks_[lost_peer]};
 }
 
-Result<NetChannel::Completion> NetChannel::wait_any() {
-  if (!broken_.ok()) return broken_;
-  Op* found = nullptr;
-  auto any_done = [&] {
-    for (auto& op : impl_->recvs) {
-      if (!op->reported && impl_->poll(*op, true) && op->status == UCS_OK) {
-        found = op.get();
-        return true;
-      }
+Status NetChannel::timed_out(const char* what, std::chrono::milliseconds timeout) const {
+  int peer = -1;
+  for (auto* list : {&impl_->recvs, &impl_->sends}) {
+    for (auto& op : *list) {
+      if (peer < 0 && op->request != nullptr) peer = op->peer;
     }
-    return false;
-  };
-  if (Status s = wait_until("receiving", any_done); !s.ok()) {
-    fail(s);
-    return s;
   }
-  found->reported = true;
-  Completion c{found->token, found->info.length};
-  if (pending_receives() == 0) impl_->recvs.clear();
-  return c;
+  const int who = peer >= 0 ? world_ranks_[peer] : -1;
+  return {ErrorKind::kTimeout, fmt::format("{}: rank {} did not arrive within {} ms (rank {} was {})", label_, who,
+                                           timeout.count(), world_ranks_[me_], what),
+          who};
 }
 
-Status NetChannel::wait_sends() {
-  if (!broken_.ok()) return broken_;
-  auto all_done = [&] {
-    for (auto& op : impl_->sends) {
-      if (!impl_->poll(*op, false) || op->status != UCS_OK) return false;
-    }
-    return true;
-  };
-  if (Status s = wait_until("sending", all_done); !s.ok()) {
-    fail(s);
-    return s;
-  }
-  impl_->sends.clear();
-  return Status::Ok();
+void NetChannel::sleep(std::chrono::nanoseconds slice) {
+  // Sleep until the worker has events (or the slice passes).
+  if (ucp_worker_arm(impl_->w->worker) != UCS_OK) return;  // BUSY: events pending; an error shows in check()
+  pollfd p{impl_->w->efd, POLLIN, 0};
+  const timespec ts{static_cast<time_t>(slice.count() / 1'000'000'000), static_cast<long>(slice.count() % 1'000'000'000)};
+  ::ppoll(&p, 1, &ts, nullptr);
 }
 
 void NetChannel::fail(Status why) {

@@ -14,14 +14,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "fastgather/status.hpp"
-#include "transport/wait_policy.hpp"
 
 namespace fastgather::transport {
 
@@ -82,8 +81,7 @@ class NetChannel {
   // members this member never talks to over the network, itself included).
   static Result<std::unique_ptr<NetChannel>> connect(std::unique_ptr<UcxWorker> worker, uint16_t group_id,
                                                      std::vector<int> world_ranks, int me,
-                                                     const std::vector<std::string>& addresses, WaitPolicy policy,
-                                                     std::string label);
+                                                     const std::vector<std::string>& addresses, std::string label);
   ~NetChannel();
   NetChannel(const NetChannel&) = delete;
   NetChannel& operator=(const NetChannel&) = delete;
@@ -96,19 +94,31 @@ class NetChannel {
 
   // Nonblocking. `owner` is the member whose bytes the message carries (the
   // sender, or a server leader forwarding for it); `token` comes back from
-  // wait_any() when a receive completes. Buffers must stay valid until
-  // wait_any()/wait_sends() has reported them, or until the channel broke.
+  // poll_receive() when a receive completes. Buffers must stay valid until
+  // poll_receive()/poll_sends() has reported them, or until the channel broke.
   Status send(int to, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov);
   Status recv(int from, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov, int token);
   struct Completion {
     int token;
     size_t length;  // bytes received (a shorter message than posted is the caller's to judge)
   };
-  // Waits for any posted receive to complete.
-  Result<Completion> wait_any();
+  // The channel does not wait (the engine does, engine/driver.hpp). It says:
+  // a receive that completed since the last call (each reported once);
+  std::optional<Completion> poll_receive();
   size_t pending_receives() const;
-  // Waits until every send posted so far has completed.
-  Status wait_sends();
+  // whether every send posted so far has completed;
+  bool poll_sends();
+  // whether anything is in flight (then the worker needs progress());
+  bool busy() const;
+  // whether what is awaited can still come: an error once a peer is lost
+  // (after a short grace, during which what others sent still arrives; the
+  // caller keeps `lost_since` between calls of one wait), or an operation
+  // failed (a truncated message is a kMismatch);
+  Status check(const char* what, std::optional<std::chrono::steady_clock::time_point>& lost_since);
+  // the words for a wait that outlasted `timeout`;
+  Status timed_out(const char* what, std::chrono::milliseconds timeout) const;
+  // and it sleeps until the worker has events, at most `slice`.
+  void sleep(std::chrono::nanoseconds slice);
 
   // Sticky: after a timeout, a lost peer or a mismatch, every later call
   // fails with the same status. fail() cancels what is in flight.
@@ -127,13 +137,11 @@ class NetChannel {
 
  private:
   NetChannel() = default;
-  Status wait_until(const char* what, const std::function<bool()>& done);
   std::unique_ptr<Impl> impl_;
   std::vector<int> world_ranks_;
   int me_ = -1;
   uint32_t call_ = 0;
   std::string label_;
-  WaitPolicy policy_;
   Status broken_;
 };
 

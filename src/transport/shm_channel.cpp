@@ -4,7 +4,6 @@
 
 #include <linux/futex.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -13,16 +12,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define FG_PAUSE() _mm_pause()
-#else
-#define FG_PAUSE() std::atomic_signal_fence(std::memory_order_seq_cst)
-#endif
 
 namespace fastgather::transport {
 namespace {
@@ -52,26 +44,7 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-std::chrono::nanoseconds env_us(const char* name, std::chrono::nanoseconds fallback) {
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(fallback).count();
-  return std::chrono::microseconds(base::env_count_or(name, static_cast<uint64_t>(us)));
-}
-
 }  // namespace
-
-WaitPolicy WaitPolicy::for_members(int members, std::chrono::milliseconds timeout) {
-  WaitPolicy p;
-  p.timeout = timeout;
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  if (static_cast<unsigned>(members) > cores) {
-    // A spinning waiter would hold the core the awaited peer needs.
-    p.spin = std::chrono::microseconds(2);
-    p.yield = std::chrono::microseconds(50);
-  }
-  p.spin = env_us("FG_SPIN_US", p.spin);
-  p.yield = env_us("FG_YIELD_US", p.yield);
-  return p;
-}
 
 size_t ShmChannel::segment_bytes(int members, size_t ring_bytes) {
   return data_offset(members) + static_cast<size_t>(members) * ring_bytes;
@@ -89,13 +62,12 @@ void ShmChannel::format(std::byte* base, int members, size_t ring_bytes) {
 }
 
 ShmChannel::ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t ring_bytes,
-                       WaitPolicy policy, std::string label)
+                       std::string label)
     : segment_(std::move(segment)),
       world_ranks_(std::move(world_ranks)),
       members_(static_cast<int>(world_ranks_.size())),
       me_(me),
       ring_bytes_(ring_bytes),
-      policy_(policy),
       label_(std::move(label)) {
   ctl_ = reinterpret_cast<MemberCtl*>(segment_.data() + kCtlOffset);
   data_ = segment_.data() + data_offset(members_);
@@ -150,7 +122,7 @@ void ShmChannel::post(uint64_t step, const PostHeader& header, const void* inlin
   line.header = header;
   if (inline_len != 0) std::memcpy(line.inline_data, inline_data, inline_len);
   line.step.store(step, std::memory_order_release);
-  // Dekker with slow_wait: either we see its sleepers count or it sees our step.
+  // Dekker with sleep(): either we see its sleepers count or it sees our step.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   MemberLine& w = ctl(me_).wake;
   if (w.sleepers.load(std::memory_order_relaxed) != 0) {
@@ -159,64 +131,34 @@ void ShmChannel::post(uint64_t step, const PostHeader& header, const void* inlin
   }
 }
 
-Result<const PostLine*> ShmChannel::wait(int member, uint64_t step) {
-  const PostLine& line = ctl(member).post[step & 1];
-  if (line.step.load(std::memory_order_acquire) >= step) return &line;
-  if (!broken_.ok()) return broken_;
-  if (Status s = slow_wait(member, step, line); !s.ok()) return s;
-  return &line;
+Status ShmChannel::check(int member) const {
+  const int who = world_ranks_[member];
+  const int self = world_ranks_[me_];
+  if (ctl(member).wake.aborted.load(std::memory_order_acquire) != 0) {
+    return {ErrorKind::kPeerLost, fmt::format("{}: rank {} aborted the group while rank {} waited for it", label_, who, self),
+            who};
+  }
+  if (member_dead(member)) {
+    return {ErrorKind::kPeerLost,
+            fmt::format("{}: rank {} (pid {}) died; rank {} was waiting for it", label_, who, pids_[member], self), who};
+  }
+  return Status::Ok();
 }
 
-Status ShmChannel::slow_wait(int member, uint64_t step, const PostLine& line) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  auto ready = [&] { return line.step.load(std::memory_order_acquire) >= step; };
+Status ShmChannel::timed_out(int member, uint64_t step, std::chrono::milliseconds timeout) const {
+  const int who = world_ranks_[member];
+  return {ErrorKind::kTimeout, fmt::format("{}: rank {} did not arrive within {} ms (rank {} waiting at step {})", label_,
+                                           who, timeout.count(), world_ranks_[me_], step),
+          who};
+}
 
-  // 1. Spin: the peer is usually a few hundred nanoseconds away.
-  while (Clock::now() - start < policy_.spin) {
-    for (int i = 0; i < 64; ++i) {
-      if (ready()) return Status::Ok();
-      FG_PAUSE();
-    }
-    if (idle_) idle_();
-  }
-  // 2. Yield: let a peer sharing our core run.
-  while (Clock::now() - start < policy_.spin + policy_.yield) {
-    if (ready()) return Status::Ok();
-    if (idle_) idle_();
-    ::sched_yield();
-  }
-  // 3. Sleep on the member's futex, checking health between sleeps (in
-  // short slices while there is other work to keep going).
+void ShmChannel::sleep(int member, uint64_t step, std::chrono::nanoseconds slice) {
   MemberLine& w = ctl(member).wake;
-  const std::chrono::nanoseconds slice = idle_ ? std::chrono::nanoseconds(std::chrono::microseconds(100))
-                                               : std::chrono::nanoseconds(policy_.sleep_slice);
-  for (;;) {
-    if (idle_) idle_();
-    uint32_t seen = w.futex_word.load(std::memory_order_acquire);
-    w.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (!ready()) futex_wait(&w.futex_word, seen, slice);
-    w.sleepers.fetch_sub(1, std::memory_order_relaxed);
-    if (ready()) return Status::Ok();
-
-    const int who = world_ranks_[member];
-    const int self = world_ranks_[me_];
-    if (w.aborted.load(std::memory_order_acquire) != 0) {
-      abort({ErrorKind::kPeerLost, fmt::format("{}: rank {} aborted the group while rank {} waited for it",
-                                               label_, who, self), who});
-      return broken_;
-    }
-    if (member_dead(member)) {
-      abort({ErrorKind::kPeerLost, fmt::format("{}: rank {} (pid {}) died; rank {} was waiting for it",
-                                               label_, who, pids_[member], self), who});
-      return broken_;
-    }
-    if (policy_.timeout.count() > 0 && Clock::now() - start > policy_.timeout) {
-      abort({ErrorKind::kTimeout, fmt::format("{}: rank {} did not arrive within {} ms (rank {} waiting at step {})",
-                                              label_, who, policy_.timeout.count(), self, step), who});
-      return broken_;
-    }
-  }
+  const uint32_t seen = w.futex_word.load(std::memory_order_acquire);
+  // Dekker with post(): either it sees our sleepers count or we see its step.
+  w.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (!arrived(member, step) && w.aborted.load(std::memory_order_acquire) == 0) futex_wait(&w.futex_word, seen, slice);
+  w.sleepers.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void ShmChannel::abort(Status why) {
@@ -225,6 +167,15 @@ void ShmChannel::abort(Status why) {
   w.aborted.store(1, std::memory_order_release);
   w.futex_word.fetch_add(1, std::memory_order_release);
   futex_wake_all(&w.futex_word);
+}
+
+void ShmChannel::abort_now() noexcept {
+  ctl(me_).wake.aborted.store(1, std::memory_order_release);
+  for (int m = 0; m < members_; ++m) {
+    MemberLine& w = ctl(m).wake;
+    w.futex_word.fetch_add(1, std::memory_order_release);
+    futex_wake_all(&w.futex_word);
+  }
 }
 
 }  // namespace fastgather::transport

@@ -16,21 +16,20 @@
 //   reused only after the whole ring has gone round. A step takes at most a
 //   quarter of the ring, so it never overlaps the previous step's bytes, the
 //   only ones a peer may still be reading;
-// - waiting spins briefly, then yields, then sleeps on a futex, checking
-//   the peer's liveness and the deadline between sleeps.
+// - the channel does not wait: it answers whether a step has arrived, whether
+//   a member is alive, and sleeps on a member's futex when asked. The engine
+//   (engine/driver.hpp) owns the one wait loop around it.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "fastgather/status.hpp"
 #include "transport/shm_segment.hpp"
-#include "transport/wait_policy.hpp"
 
 namespace fastgather::transport {
 
@@ -75,8 +74,7 @@ class ShmChannel {
   // this process's member index. Call publish_pid() then, once every member
   // is attached (a barrier), watch_members().
   // world_ranks[m] names member m in error messages; label names the group.
-  ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t ring_bytes, WaitPolicy policy,
-             std::string label);
+  ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t ring_bytes, std::string label);
   ~ShmChannel();
 
   static void format(std::byte* base, int members, size_t ring_bytes);
@@ -102,21 +100,30 @@ class ShmChannel {
   }
   // Publishes this member's step, with header and optional inline bytes.
   void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0);
-  // Waits until `member` has posted `step`. Errors are sticky (see broken()).
-  Result<const PostLine*> wait(int member, uint64_t step);
-  // Work to do while waiting (another transport's progress), or null. While
-  // set, waits sleep in short slices so that the work goes on.
-  void set_idle(std::function<void()> idle) { idle_ = std::move(idle); }
+  // Whether `member` has posted `step` (acquire: its bytes are visible).
+  bool arrived(int member, uint64_t step) const {
+    return ctl(member).post[step & 1].step.load(std::memory_order_acquire) >= step;
+  }
+  const PostLine& line(int member, uint64_t step) const { return ctl(member).post[step & 1]; }
+  // Whether `member` is still there: an error once it died or aborted.
+  Status check(int member) const;
+  // The words for a wait on `member`'s `step` that outlasted `timeout`.
+  Status timed_out(int member, uint64_t step, std::chrono::milliseconds timeout) const;
+  // Sleeps on `member`'s futex until it posts (or aborts) or `slice` passes.
+  void sleep(int member, uint64_t step, std::chrono::nanoseconds slice);
 
   // A group that timed out or lost a member stays broken: every later call
   // returns the same error, and peers see this member as aborted.
   const Status& broken() const { return broken_; }
   void abort(Status why);
+  // From any thread, or a signal handler (atomics and a futex wake only):
+  // peers see this member aborted, and every sleeper on the segment wakes
+  // to look. The waiting thread then ends its call (engine/driver.hpp).
+  void abort_now() noexcept;
 
  private:
   MemberCtl& ctl(int m) const { return ctl_[m]; }
   bool member_dead(int m) const;
-  Status slow_wait(int member, uint64_t step, const PostLine& line);
 
   ShmSegment segment_;
   std::vector<int> world_ranks_;
@@ -124,7 +131,6 @@ class ShmChannel {
   int me_;
   size_t ring_bytes_;
   size_t cursor_ = 0;
-  WaitPolicy policy_;
   std::string label_;
   MemberCtl* ctl_ = nullptr;
   std::byte* data_ = nullptr;
@@ -132,7 +138,6 @@ class ShmChannel {
   std::vector<int> pidfds_;
   std::vector<int> pids_;
   Status broken_;
-  std::function<void()> idle_;
 };
 
 }  // namespace fastgather::transport

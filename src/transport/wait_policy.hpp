@@ -1,5 +1,6 @@
-// How every channel waits for a peer: spin, then yield, then sleep (futex or
-// the UCX worker's event fd), with a deadline. One policy for both transports.
+// How the engine waits for a peer: spin, then yield, then sleep (a futex or
+// the UCX worker's event fd). One policy for both transports; the deadline
+// is per operation (engine/driver.hpp).
 #pragma once
 
 #include <chrono>
@@ -9,7 +10,7 @@ namespace fastgather::transport {
 struct WaitPolicy {
   std::chrono::nanoseconds spin{20'000};
   std::chrono::nanoseconds yield{200'000};
-  std::chrono::milliseconds timeout{5000};  // 0: never
+  std::chrono::milliseconds timeout{5000};  // per operation; 0: never
   // One sleep on the futex before health and deadline are checked again; a
   // post wakes the sleeper at once, so this bounds only how soon a death or
   // the deadline is noticed.

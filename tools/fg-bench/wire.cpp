@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "stats.hpp"
+#include "engine/waits.hpp"
 #include "transport/net_channel.hpp"
 
 namespace fastgather::bench {
@@ -44,8 +45,7 @@ Result<std::vector<CopyPoint>> measure_wire(Communicator& comm, const std::vecto
     std::vector<std::string> addresses(2);
     const int me = c.rank == 0 ? 0 : 1;
     addresses[1 - me].assign(all.data() + static_cast<size_t>(other) * kSlot + 4, len);
-    auto ch = transport::NetChannel::connect(std::move(worker), 1, {0, peer}, me, addresses,
-                                             transport::WaitPolicy::for_members(2, c.timeout), "wire");
+    auto ch = transport::NetChannel::connect(std::move(worker), 1, {0, peer}, me, addresses, "wire");
     if (!ch.ok()) return ch.status();
     transport::NetChannel& net = *ch.value();
     std::vector<size_t> sizes = sizes_in;
@@ -53,21 +53,28 @@ Result<std::vector<CopyPoint>> measure_wire(Communicator& comm, const std::vecto
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
     std::vector<char> buf(sizes.empty() ? 1 : std::max<size_t>(sizes.back(), 1), 1);
     // One round trip: rank 0 sends, the peer answers with the same size.
-    auto round = [&](size_t bytes) -> Status {
+    auto trip = [&](size_t bytes) -> engine::Task<Status> {
       const uint32_t call = net.next_call();
       transport::NetIov iov{buf.data(), bytes};
       const std::span<const transport::NetIov> v(&iov, 1);
       if (me == 0) {
-        if (Status s = net.send(1, 0, call, 0, v); !s.ok()) return s;
-        if (Status s = net.recv(1, 1, call, 0, v, 0); !s.ok()) return s;
+        if (Status s = net.send(1, 0, call, 0, v); !s.ok()) co_return s;
+        if (Status s = net.recv(1, 1, call, 0, v, 0); !s.ok()) co_return s;
       } else {
-        if (Status s = net.recv(0, 0, call, 0, v, 0); !s.ok()) return s;
-        if (auto r = net.wait_any(); !r.ok()) return r.status();
-        if (Status s = net.send(0, 1, call, 0, v); !s.ok()) return s;
-        return net.wait_sends();
+        if (Status s = net.recv(0, 0, call, 0, v, 0); !s.ok()) co_return s;
+        if (auto r = co_await engine::any_receive(net); !r.ok()) co_return r.status();
+        if (Status s = net.send(0, 1, call, 0, v); !s.ok()) co_return s;
+        co_return co_await engine::sends_done(net);
       }
-      if (auto r = net.wait_any(); !r.ok()) return r.status();
-      return net.wait_sends();
+      if (auto r = co_await engine::any_receive(net); !r.ok()) co_return r.status();
+      co_return co_await engine::sends_done(net);
+    };
+    auto round = [&](size_t bytes) {
+      engine::DriveOptions o;
+      o.policy = transport::WaitPolicy::for_members(2, c.timeout);
+      o.timeout = c.timeout;
+      o.net = &net;
+      return engine::Driver::run(trip(bytes), o);
     };
     for (size_t bytes : sizes) {
       const int reps = static_cast<int>(std::clamp<size_t>((32u << 20) / std::max<size_t>(bytes, 1), 10, 500));

@@ -1,0 +1,200 @@
+#include "engine/driver.hpp"
+
+#include <sched.h>
+
+#include <array>
+#include <new>
+#include <vector>
+
+#include <fmt/format.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define FG_PAUSE() _mm_pause()
+#else
+#define FG_PAUSE() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace fastgather::engine {
+namespace {
+
+// Frames are a few hundred bytes; a handful are live per operation.
+constexpr size_t kClassBytes = 128;
+constexpr size_t kClasses = 32;  // up to 4 KiB; larger frames go to operator new
+constexpr size_t kKeepPerClass = 16;
+
+struct FramePool {
+  std::array<std::vector<void*>, kClasses> free;
+  ~FramePool();
+};
+thread_local FramePool pool;
+// False once this thread's pool is gone (a frame freed later, at exit, by a
+// static object's destructor, goes straight back to operator delete).
+thread_local bool pool_alive = true;
+
+FramePool::~FramePool() {
+  pool_alive = false;
+  for (auto& list : free) {
+    for (void* p : list) ::operator delete(p);
+  }
+}
+
+size_t class_of(size_t bytes) { return (bytes + kClassBytes - 1) / kClassBytes; }
+
+// While the UCX worker has work in flight, sleeps on a shared-memory futex
+// are kept this short so that the network keeps moving.
+constexpr auto kSliceWithNetwork = std::chrono::microseconds(100);
+
+}  // namespace
+
+void* frame_alloc(size_t bytes) {
+  const size_t c = class_of(bytes);
+  if (c < kClasses && pool_alive) {
+    auto& list = pool.free[c];
+    if (!list.empty()) {
+      void* p = list.back();
+      list.pop_back();
+      return p;
+    }
+    return ::operator new(c * kClassBytes);
+  }
+  return ::operator new(bytes);
+}
+
+void frame_free(void* p, size_t bytes) noexcept {
+  const size_t c = class_of(bytes);
+  if (c < kClasses && pool_alive && pool.free[c].size() < kKeepPerClass) {
+    try {
+      pool.free[c].push_back(p);
+      return;
+    } catch (...) {
+    }
+  }
+  ::operator delete(p);
+}
+
+Driver::Driver(Task<Status> op, DriveOptions options) : op_(std::move(op)), opt_(options) {}
+
+void Driver::suspended(Waiter* w) {
+  current_ = w;
+  wait_began_ = Clock::now();
+  if (!deadline_set_) {
+    deadline_set_ = true;
+    if (opt_.timeout.count() > 0) deadline_ = wait_began_ + opt_.timeout;
+  }
+}
+
+void Driver::finish() {
+  done_ = true;
+  result_ = {ErrorKind::kSystem, "the operation ended with an exception"};
+  result_ = op_.take();  // rethrows what the operation threw
+}
+
+void Driver::start() {
+  if (started_) return;
+  started_ = true;
+  op_.handle().promise().driver = this;
+  op_.handle().resume();
+  if (op_.done()) finish();
+}
+
+void Driver::resume() {
+  Waiter* w = current_;
+  current_ = nullptr;
+  w->resume_point.resume();
+  if (op_.done()) finish();
+}
+
+bool Driver::round(Clock::duration waited) {
+  Waiter& w = *current_;
+  if (w.ready()) return true;
+  if (waited < opt_.policy.spin + opt_.policy.yield) return false;
+  Status why;
+  if (opt_.aborted != nullptr && opt_.aborted->load(std::memory_order_acquire) != 0) {
+    why = {ErrorKind::kAborted, "the communicator was aborted"};
+  } else {
+    why = w.check();
+  }
+  if (why.ok() && Clock::now() > deadline_) why = w.timed_out(opt_.timeout);
+  if (why.ok()) return false;
+  w.error = w.fail(why);
+  return true;
+}
+
+bool Driver::test() {
+  if (!started_) start();
+  while (!done_) {
+    if (opt_.net != nullptr && opt_.net->busy()) opt_.net->progress();
+    if (!round(Clock::now() - wait_began_)) return false;
+    resume();
+  }
+  return true;
+}
+
+void Driver::wait() {
+  if (!started_) start();
+  const auto spin = opt_.policy.spin, spin_yield = opt_.policy.spin + opt_.policy.yield;
+  while (!done_) {
+    // The one wait loop: whatever is awaited, the network keeps moving.
+    for (;;) {
+      const bool net_busy = opt_.net != nullptr && opt_.net->busy();
+      if (net_busy) opt_.net->progress();
+      const auto waited = Clock::now() - wait_began_;
+      if (round(waited)) break;
+      if (waited < spin) {
+        for (int i = 0; i < 64 && !current_->ready(); ++i) FG_PAUSE();
+      } else if (waited < spin_yield) {
+        ::sched_yield();
+      } else {
+        current_->sleep(net_busy ? std::chrono::nanoseconds(kSliceWithNetwork)
+                                 : std::chrono::nanoseconds(opt_.policy.sleep_slice));
+      }
+    }
+    resume();
+  }
+}
+
+Status Driver::run(Task<Status> op, const DriveOptions& options) {
+  Driver d(std::move(op), options);
+  d.wait();
+  return d.result();
+}
+
+// ------------------------------------------------------------------ Queue
+
+void Queue::pop_done() {
+  while (!ops_.empty() && ops_.front()->done()) {
+    ops_.pop_front();
+    if (!ops_.empty()) ops_.front()->start();
+  }
+}
+
+void Queue::push(std::shared_ptr<Driver> op) {
+  ops_.push_back(std::move(op));
+  if (ops_.size() == 1) ops_.front()->start();
+  pop_done();
+}
+
+bool Queue::test(Driver& op) {
+  while (!op.done() && !ops_.empty()) {
+    if (!ops_.front()->test()) return false;
+    pop_done();
+  }
+  return op.done();
+}
+
+void Queue::wait(Driver& op) {
+  while (!op.done() && !ops_.empty()) {
+    ops_.front()->wait();
+    pop_done();
+  }
+}
+
+void Queue::drain() {
+  while (!ops_.empty()) {
+    ops_.front()->wait();
+    pop_done();
+  }
+}
+
+}  // namespace fastgather::engine

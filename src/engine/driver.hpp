@@ -1,0 +1,136 @@
+// The progress engine: one wait loop for every transport, one deadline per
+// operation.
+//
+// An operation is a Task<Status> (a collective written as a coroutine). When
+// it needs something that has not happened yet - a peer's post in shared
+// memory, a UCX receive, its sends' completion - it co_awaits a Waiter
+// (waits.hpp), and its driver takes over: the driver alone spins, yields and
+// sleeps, keeps the group's UCX worker progressing whatever is awaited,
+// checks the peers' health, and ends the wait on the operation's deadline or
+// on the communicator's abort. The transports only answer "ready?",
+// "healthy?" and "sleep until something may have changed".
+//
+// Operations on one group run in the order they were started (a Queue per
+// group): members must agree on the order of collectives, and a later one
+// starts only once the one before it has completed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <coroutine>
+#include <deque>
+#include <memory>
+
+#include "engine/task.hpp"
+#include "fastgather/status.hpp"
+#include "transport/net_channel.hpp"
+#include "transport/wait_policy.hpp"
+
+namespace fastgather::engine {
+
+using Clock = std::chrono::steady_clock;
+
+// What a suspended operation waits for.
+class Waiter {
+ public:
+  virtual ~Waiter() = default;
+  // Cheap test; true once the awaited thing has happened (or cannot: then
+  // result() is set).
+  virtual bool ready() = 0;
+  // The peers' health: an error ends the wait.
+  virtual Status check() = 0;
+  // The words for a wait that reached the operation's deadline.
+  virtual Status timed_out(std::chrono::milliseconds timeout) = 0;
+  // Marks the channel failed (sticky) after the wait ended on `why`; returns
+  // the channel's error (the first one, should it have failed before).
+  virtual Status fail(const Status& why) = 0;
+  // Blocks until the awaited thing may have happened, at most `slice`.
+  virtual void sleep(std::chrono::nanoseconds slice) = 0;
+
+  Status error;  // why the wait ended without the awaited thing (Ok otherwise)
+  std::coroutine_handle<> resume_point;
+
+  // co_await support shared by every waiter (each adds await_ready and
+  // await_resume): the suspended coroutine is handed to its driver.
+  template <class P>
+  void await_suspend(std::coroutine_handle<P> h);
+};
+
+struct DriveOptions {
+  transport::WaitPolicy policy;
+  // The whole operation's, from its first wait (0: none). Counted from the
+  // first wait rather than the start so that a call that never waits reads
+  // no clock; the two are the few microseconds of copying in apart.
+  std::chrono::milliseconds timeout{0};
+  const std::atomic<int>* aborted = nullptr;  // the communicator's abort flag (non-zero: aborted)
+  transport::NetChannel* net = nullptr;       // progressed while anything is in flight on it
+};
+
+class Driver {
+ public:
+  Driver(Task<Status> op, DriveOptions options);
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
+
+  // Runs the operation until its first wait (or to its end).
+  void start();
+  bool started() const { return started_; }
+  bool done() const { return done_; }
+  // Progresses without blocking; true once done. Health and the deadline are
+  // checked here too, so a caller that only ever tests still learns of a
+  // lost peer or a timeout.
+  bool test();
+  // Blocks until done.
+  void wait();
+  const Status& result() const { return result_; }
+
+  // For waiters (Waiter::await_suspend).
+  void suspended(Waiter* w);
+
+  // Runs a whole operation on this thread (the blocking calls).
+  static Status run(Task<Status> op, const DriveOptions& options);
+
+ private:
+  void resume();
+  // One round: progress, test, and (past spin and yield) health, deadline
+  // and abort. Ends the current wait with an error when there is one.
+  // Returns true when the wait ended (ready or failed).
+  bool round(Clock::duration waited);
+  void finish();
+
+  Task<Status> op_;
+  DriveOptions opt_;
+  Waiter* current_ = nullptr;
+  Clock::time_point wait_began_{};
+  Clock::time_point deadline_ = Clock::time_point::max();
+  bool deadline_set_ = false;
+  bool started_ = false;
+  bool done_ = false;
+  Status result_;
+};
+
+template <class P>
+void Waiter::await_suspend(std::coroutine_handle<P> h) {
+  resume_point = h;
+  h.promise().driver->suspended(this);
+}
+
+// The operations started on one group, oldest first.
+class Queue {
+ public:
+  // Starts it at once when nothing is ahead of it.
+  void push(std::shared_ptr<Driver> op);
+  bool empty() const { return ops_.empty(); }
+  // Progress up to `op` without blocking; true once `op` is done.
+  bool test(Driver& op);
+  // Completes everything up to and including `op`.
+  void wait(Driver& op);
+  // Completes everything started.
+  void drain();
+
+ private:
+  void pop_done();
+  std::deque<std::shared_ptr<Driver>> ops_;
+};
+
+}  // namespace fastgather::engine

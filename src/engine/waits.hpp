@@ -1,0 +1,94 @@
+// What an operation can co_await: a member's post in shared memory, a UCX
+// receive, the completion of its UCX sends. Each is a Waiter the driver
+// handles; when the awaited thing is already there, nothing suspends.
+#pragma once
+
+#include <optional>
+
+#include "engine/driver.hpp"
+#include "transport/net_channel.hpp"
+#include "transport/shm_channel.hpp"
+
+namespace fastgather::engine {
+
+// co_await arrival(channel, member, step): member's post line once it has
+// posted `step`, or the channel's error.
+class Arrival final : public Waiter {
+ public:
+  Arrival(transport::ShmChannel& ch, int member, uint64_t step) : ch_(ch), member_(member), step_(step) {}
+  bool await_ready() {
+    if (ch_.arrived(member_, step_)) return true;
+    error = ch_.broken();
+    return !error.ok();
+  }
+  Result<const transport::PostLine*> await_resume() {
+    if (!error.ok()) return error;
+    return &ch_.line(member_, step_);
+  }
+
+  bool ready() override { return ch_.arrived(member_, step_); }
+  Status check() override { return ch_.check(member_); }
+  Status timed_out(std::chrono::milliseconds t) override { return ch_.timed_out(member_, step_, t); }
+  Status fail(const Status& why) override {
+    ch_.abort(why);
+    return ch_.broken();
+  }
+  void sleep(std::chrono::nanoseconds slice) override { ch_.sleep(member_, step_, slice); }
+
+ private:
+  transport::ShmChannel& ch_;
+  int member_;
+  uint64_t step_;
+};
+inline Arrival arrival(transport::ShmChannel& ch, int member, uint64_t step) { return {ch, member, step}; }
+
+// Shared by the two UCX waits.
+class NetWait : public Waiter {
+ public:
+  NetWait(transport::NetChannel& net, const char* what) : net_(net), what_(what) {}
+  bool await_ready() {
+    error = net_.broken();
+    return !error.ok() || ready();
+  }
+  Status check() override { return net_.check(what_, lost_since_); }
+  Status timed_out(std::chrono::milliseconds t) override { return net_.timed_out(what_, t); }
+  Status fail(const Status& why) override {
+    net_.fail(why);
+    return net_.broken();
+  }
+  void sleep(std::chrono::nanoseconds slice) override { net_.sleep(slice); }
+
+ protected:
+  transport::NetChannel& net_;
+  const char* what_;
+  std::optional<Clock::time_point> lost_since_;
+};
+
+// co_await any_receive(net): the next receive that completed.
+class AnyReceive final : public NetWait {
+ public:
+  explicit AnyReceive(transport::NetChannel& net) : NetWait(net, "receiving") {}
+  Result<transport::NetChannel::Completion> await_resume() {
+    if (!error.ok()) return error;
+    return *got_;
+  }
+  bool ready() override {
+    got_ = net_.poll_receive();
+    return got_.has_value();
+  }
+
+ private:
+  std::optional<transport::NetChannel::Completion> got_;
+};
+inline AnyReceive any_receive(transport::NetChannel& net) { return AnyReceive(net); }
+
+// co_await sends_done(net): every send posted so far has completed.
+class SendsDone final : public NetWait {
+ public:
+  explicit SendsDone(transport::NetChannel& net) : NetWait(net, "sending") {}
+  Status await_resume() { return error; }
+  bool ready() override { return net_.poll_sends(); }
+};
+inline SendsDone sends_done(transport::NetChannel& net) { return SendsDone(net); }
+
+}  // namespace fastgather::engine

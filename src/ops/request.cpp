@@ -1,0 +1,37 @@
+#include "ops/request.hpp"
+
+namespace fastgather {
+
+Request::Request(std::shared_ptr<State> state) : state_(std::move(state)) {}
+Request::Request(Request&&) noexcept = default;
+
+Request& Request::operator=(Request&& o) noexcept {
+  if (this != &o) {
+    this->~Request();
+    new (this) Request(std::move(o));
+  }
+  return *this;
+}
+
+Request::~Request() {
+  if (!state_ || state_->driver->done()) return;
+  try {
+    state_->queue->wait(*state_->driver);
+  } catch (...) {
+    // An exception from a sink (bad_alloc, say) has nowhere to go from here.
+  }
+}
+
+// A done request never touches its queue again: its group may be gone.
+bool Request::test() {
+  if (!state_ || state_->driver->done()) return true;
+  return state_->queue->test(*state_->driver);
+}
+
+Status Request::wait() {
+  if (!state_) return Status::Ok();
+  if (!state_->driver->done()) state_->queue->wait(*state_->driver);
+  return state_->driver->result();
+}
+
+}  // namespace fastgather

@@ -1,0 +1,47 @@
+// How the ops hand a collective (a coroutine) to the engine: queued on its
+// group as a Request, or run at once on this thread when the group has
+// nothing in flight (the blocking calls: no shared state, no allocation).
+#pragma once
+
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "core/group_impl.hpp"
+#include "engine/driver.hpp"
+#include "fastgather/ops.hpp"
+
+namespace fastgather {
+
+struct Request::State {
+  std::shared_ptr<engine::Driver> driver;
+  engine::Queue* queue = nullptr;
+};
+
+inline engine::Task<Status> fail_with(Status s) { co_return s; }
+
+struct RequestAccess {
+  static Status aborted(const Group& g) {
+    return {ErrorKind::kAborted, fmt::format("{}: the communicator was aborted", g.describe())};
+  }
+  static bool is_aborted(const Group::Impl& gi) {
+    return gi.aborted != nullptr && gi.aborted->load(std::memory_order_acquire) != 0;
+  }
+  static Request start(Group& g, engine::Task<Status> op) {
+    Group::Impl& gi = *impl_of(g);
+    if (is_aborted(gi)) op = fail_with(aborted(g));
+    auto state = std::make_shared<Request::State>();
+    state->driver = std::make_shared<engine::Driver>(std::move(op), gi.drive_options());
+    state->queue = &gi.queue;
+    gi.queue.push(state->driver);
+    return Request(std::move(state));
+  }
+  static Status run(Group& g, engine::Task<Status> op) {
+    Group::Impl& gi = *impl_of(g);
+    if (is_aborted(gi)) return aborted(g);
+    if (gi.queue.empty()) return engine::Driver::run(std::move(op), gi.drive_options());
+    return start(g, std::move(op)).wait();
+  }
+};
+
+}  // namespace fastgather

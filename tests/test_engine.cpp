@@ -1,0 +1,317 @@
+// The progress engine seen from the API: requests (start_*, test, wait), their
+// order on a group, the deadline of a whole operation, abort() from another
+// thread and from a signal handler, and finalize(). Real rank processes.
+#include <gtest/gtest.h>
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
+
+using namespace fastgather;
+using namespace std::chrono_literals;
+using fgtest::check_pattern;
+using fgtest::fill_pattern;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+// A job whose every rank runs body(config, communicator, world).
+using WorldBody = std::function<std::string(const Config&, Communicator&, Group&)>;
+std::vector<fgtest::RankResult> on_world(int world, const WorldBody& body, const fgtest::JobOptions& o = {}) {
+  return fgtest::run_job(world, [&](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    return body(c, *comm.value(), comm.value()->world());
+  }, o);
+}
+
+// One all-gather of `bytes` per member, in flight: its input, its outputs
+// (contiguous, or one per member), the request, and a check of every byte.
+struct InFlight {
+  Tensor in;
+  Tensor out;                 // contiguous form
+  std::vector<Tensor> outs;   // list form
+  Request req;
+  uint64_t tag = 0;
+  bool list = false;
+
+  static InFlight start(Group& g, size_t bytes, uint64_t tag, bool list) {
+    InFlight f;
+    f.tag = tag;
+    f.list = list;
+    f.in = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+    fill_pattern(f.in.data(), bytes, g.ranks()[g.rank()], tag);
+    if (list) {
+      std::vector<TensorView> views;
+      for (int i = 0; i < g.size(); ++i) {
+        f.outs.push_back(Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)}));
+        views.push_back(f.outs.back().view());
+      }
+      // start_all_gather keeps its own copy of the list of views.
+      f.req = start_all_gather(g, f.in.view(), std::span<const TensorView>(views));
+    } else {
+      f.out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * g.size()});
+      f.req = start_all_gather(g, f.in.view(), f.out.view());
+    }
+    return f;
+  }
+
+  std::string check(const Group& g) const {
+    const size_t bytes = in.nbytes();
+    for (int i = 0; i < g.size(); ++i) {
+      const char* block = list ? outs[i].data_as<char>() : out.data_as<char>() + static_cast<size_t>(i) * bytes;
+      const long long bad = check_pattern(block, bytes, g.ranks()[i], tag);
+      RANK_CHECK(bad < 0, "request {} ({} bytes, {}): block of rank {} wrong at byte {}", tag, bytes,
+                 list ? "list" : "contiguous", g.ranks()[i], bad);
+    }
+    return "";
+  }
+};
+
+// Several requests on the world and on this rank's TP group, started before
+// any is waited for, completed in the reverse order (the oldest driven
+// first), with blocking calls in between; every byte checked.
+std::string many_in_flight(const Config& c, int tp) {
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  Group& world = (*comm)->world();
+  auto sub = (*comm)->tp_group_of_dp(tp, c.world_size / tp);
+  RANK_OK(sub.status());
+  const std::vector<size_t> sizes = {0, 1, 33, 4097, 96 * 1024, (1 << 20) + 5, 3 << 20};
+  std::vector<InFlight> flights;
+  uint64_t tag = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    flights.push_back(InFlight::start(world, sizes[i], ++tag, i % 2 == 1));
+    flights.push_back(InFlight::start(*sub.value(), sizes[sizes.size() - 1 - i], ++tag, i % 2 == 0));
+  }
+  // A blocking call queues behind what was started on its group.
+  Tensor in = Tensor::empty(DType::kU8, {777});
+  fill_pattern(in.data(), 777, c.rank, 999);
+  Tensor out = Tensor::empty(DType::kU8, {777 * c.world_size});
+  RANK_OK(all_gather(world, in.view(), out.view()));
+  for (int r = 0; r < c.world_size; ++r) {
+    RANK_CHECK(check_pattern(out.data_as<char>() + 777 * r, 777, r, 999) < 0, "blocking call after requests: rank {}", r);
+  }
+  for (auto it = flights.rbegin(); it != flights.rend(); ++it) {
+    RANK_OK(it->req.wait());
+    RANK_OK(it->req.wait());  // the same status again
+    RANK_CHECK(it->req.test(), "a completed request tests complete");
+  }
+  for (size_t i = 0; i < flights.size(); ++i) {
+    if (auto e = flights[i].check(i % 2 == 0 ? world : *sub.value()); !e.empty()) return e;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Requests, ManyInFlightCompleteInOrderWithEveryByte) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) { return many_in_flight(c, 1); }));
+}
+
+// Four ranks on two cores, two TP groups of two.
+TEST(Requests, ManyInFlightWhenRanksOutnumberCores) {
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) { return many_in_flight(c, 2); }));
+}
+
+TEST(Requests, ManyInFlightAcrossServers) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) { return many_in_flight(c, 1); }, o));
+}
+
+// test() alone drives a request to completion; one member starts late.
+TEST(Requests, TestAloneCompletesThem) {
+  fgtest::expect_all_ok(on_world(3, [](const Config& c, Communicator&, Group& g) -> std::string {
+    if (c.rank == 2) std::this_thread::sleep_for(100ms);
+    InFlight f = InFlight::start(g, (2 << 20) + 3, 7, false);
+    long tests = 0;
+    while (!f.req.test()) ++tests;
+    RANK_OK(f.req.wait());
+    if (c.rank == 0) RANK_CHECK(tests > 0, "rank 0 waited 100 ms for rank 2; test() must have said no at least once");
+    return f.check(g);
+  }));
+}
+
+// A request dropped before completion is completed by its destructor (the
+// members stay in step), and argument errors come back at start.
+TEST(Requests, DroppedRequestsCompleteAndBadArgumentsFailAtStart) {
+  fgtest::expect_all_ok(on_world(2, [](const Config& c, Communicator&, Group& g) -> std::string {
+    Tensor in = Tensor::empty(DType::kU8, {100});
+    Tensor wrong = Tensor::empty(DType::kU8, {150});
+    Request bad = start_all_gather(g, in.view(), wrong.view());
+    RANK_CHECK(bad.test(), "an invalid request is complete at once");
+    RANK_CHECK(bad.wait().kind() == ErrorKind::kInvalidArgument, "{}", bad.wait().to_string());
+    Tensor out = Tensor::empty(DType::kU8, {200});
+    fill_pattern(in.data(), 100, c.rank, 1);
+    { Request dropped = start_all_gather(g, in.view(), out.view()); }
+    for (int r = 0; r < 2; ++r) RANK_CHECK(check_pattern(out.data_as<char>() + 100 * r, 100, r, 1) < 0, "dropped: rank {}", r);
+    Request moved = start_all_gather(g, in.view(), out.view());
+    Request other = std::move(moved);
+    RANK_CHECK(moved.test(), "a moved-from request is empty and complete");
+    RANK_OK(other.wait());
+    InFlight f = InFlight::start(g, 12345, 2, true);
+    { Request gone = std::move(f.req); }  // completed by its destructor
+    return f.check(g);
+  }));
+}
+
+// The fused op as a request: output and gather_out as the blocking call's.
+TEST(Requests, FusedOpAsARequestMatchesTheBlockingCall) {
+  fgtest::expect_all_ok(on_world(3, [](const Config& c, Communicator&, Group& g) -> std::string {
+    const int64_t m = 37, k = 19, n = 23;
+    Tensor x1 = Tensor::empty(DType::kF32, {m, k}), x2 = Tensor::empty(DType::kF32, {k, n}), bias = Tensor::empty(DType::kF32, {n});
+    for (int64_t i = 0; i < m * k; ++i) x1.data_as<float>()[i] = static_cast<float>((i * 7 + c.rank * 13) % 17) - 8;
+    for (int64_t i = 0; i < k * n; ++i) x2.data_as<float>()[i] = static_cast<float>((i * 5) % 11) - 5;
+    for (int64_t i = 0; i < n; ++i) bias.data_as<float>()[i] = static_cast<float>(i);
+    Tensor out_a = Tensor::empty(DType::kF32, {3 * m, n}), out_b = Tensor::empty(DType::kF32, {3 * m, n});
+    Tensor go_a = Tensor::empty(DType::kF32, {3 * m, k}), go_b = Tensor::empty(DType::kF32, {3 * m, k});
+    Request r = start_all_gather_matmul(g, x1.view(), x2.view(), bias.view(), out_a.view(), go_a.view());
+    RANK_OK(all_gather_matmul(g, x1.view(), x2.view(), bias.view(), out_b.view(), go_b.view()));
+    RANK_OK(r.wait());
+    RANK_CHECK(std::memcmp(out_a.data(), out_b.data(), out_a.nbytes()) == 0, "outputs differ");
+    RANK_CHECK(std::memcmp(go_a.data(), go_b.data(), go_a.nbytes()) == 0, "gather_out differs");
+    // Small integers: the products are exact in fp32.
+    for (int64_t row = 0; row < 3 * m; ++row) {
+      const int src = static_cast<int>(row / m);
+      const int64_t i = row % m;
+      for (int64_t j = 0; j < n; ++j) {
+        float want = static_cast<float>(j);
+        for (int64_t l = 0; l < k; ++l) {
+          want += (static_cast<float>(((i * k + l) * 7 + src * 13) % 17) - 8) * (static_cast<float>(((l * n + j) * 5) % 11) - 5);
+        }
+        RANK_CHECK(out_a.data_as<float>()[row * n + j] == want, "output[{}][{}] = {}, want {}", row, j,
+                   out_a.data_as<float>()[row * n + j], want);
+      }
+    }
+    return "";
+  }));
+}
+
+// The timeout bounds a whole call, not each of its waits: rank 1 lets its
+// side of a 256-step gather advance one step per 100 ms (test() now and
+// then), so each of rank 0's waits is short but the call is not (with a
+// deadline per wait, as before the engine, no wait would have timed out).
+TEST(Deadline, BoundsTheWholeCallNotEachWait) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_RING_BYTES", "65536"}});  // 16 KiB steps: 4 MiB is 256 steps
+  fgtest::JobOptions o;
+  o.timeout = 1000ms;
+  auto results = on_world(2, [](const Config& c, Communicator&, Group& g) -> std::string {
+    Tensor in = Tensor::empty(DType::kU8, {4 << 20});
+    Tensor out = Tensor::empty(DType::kU8, {8 << 20});
+    if (c.rank == 1) {
+      Request r = start_all_gather(g, in.view(), out.view());
+      const auto t0 = Clock::now();
+      while (!r.test() && ms_since(t0) < 20000) std::this_thread::sleep_for(100ms);
+      Status s = r.wait();
+      RANK_CHECK(!s.ok(), "rank 0 gave up; rank 1's call cannot succeed");
+      return "";
+    }
+    const auto t0 = Clock::now();
+    Status s = all_gather(g, in.view(), out.view());
+    const double took = ms_since(t0);
+    RANK_CHECK(s.kind() == ErrorKind::kTimeout, "{}", s.to_string());
+    RANK_CHECK(took >= 1000 && took < 5000, "the call took {} ms with a 1000 ms timeout", took);
+    return "";
+  }, o);
+  fgtest::expect_all_ok(results);
+}
+
+// abort() from another thread ends this rank's blocked call, and the peer
+// that then waits for it learns at once (long before the 30 s timeout).
+TEST(Abort, FromAnotherThreadEndsTheCallAndThePeerLearns) {
+  fgtest::JobOptions o;
+  o.timeout = 30000ms;
+  fgtest::expect_all_ok(on_world(2, [](const Config& c, Communicator& comm, Group& g) -> std::string {
+    if (c.rank == 0) {
+      Clock::time_point aborted_at;
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(300ms);
+        aborted_at = Clock::now();
+        comm.abort();
+      });
+      Status s = fgtest::gather_bytes(g, 4096);  // rank 1 does not come
+      aborter.join();
+      const double after = ms_since(aborted_at);
+      RANK_CHECK(s.kind() == ErrorKind::kAborted, "{}", s.to_string());
+      RANK_CHECK(after < 5000, "the call ended {} ms after abort()", after);
+      Status again = fgtest::gather_bytes(g, 4096);
+      RANK_CHECK(again.kind() == ErrorKind::kAborted, "a call after abort(): {}", again.to_string());
+      Status fin = comm.finalize();
+      RANK_CHECK(fin.kind() == ErrorKind::kAborted, "finalize after abort: {}", fin.to_string());
+      return "";
+    }
+    std::this_thread::sleep_for(1s);
+    // Rank 0 had posted its bytes before it aborted: this call may complete.
+    Status first = fgtest::gather_bytes(g, 4096);
+    RANK_CHECK(first.ok() || first.kind() == ErrorKind::kPeerLost, "{}", first.to_string());
+    const auto t0 = Clock::now();
+    Status s = fgtest::gather_bytes(g, 4096);  // rank 0 will never post this one
+    RANK_CHECK(s.kind() == ErrorKind::kPeerLost, "{}", s.to_string());
+    RANK_CHECK(s.message().find("rank 0") != std::string::npos, "{}", s.message());
+    RANK_CHECK(ms_since(t0) < 5000, "took {} ms to learn of the abort", ms_since(t0));
+    return "";
+  }, o));
+}
+
+namespace {
+Communicator* g_comm = nullptr;
+void on_sigusr1(int) { g_comm->abort(); }
+}  // namespace
+
+// abort() from a signal handler (what a SIGTERM handler of a training job does).
+TEST(Abort, FromASignalHandler) {
+  fgtest::JobOptions o;
+  o.timeout = 30000ms;
+  fgtest::expect_all_ok(on_world(2, [](const Config& c, Communicator& comm, Group& g) -> std::string {
+    if (c.rank == 1) {
+      std::this_thread::sleep_for(1s);
+      return "";  // leaves without calling: rank 0 would wait 30 s
+    }
+    g_comm = &comm;
+    struct sigaction sa {};
+    sa.sa_handler = on_sigusr1;
+    ::sigaction(SIGUSR1, &sa, nullptr);
+    const pthread_t main_thread = ::pthread_self();
+    std::thread sender([&] {
+      std::this_thread::sleep_for(300ms);
+      ::pthread_kill(main_thread, SIGUSR1);
+    });
+    const auto t0 = Clock::now();
+    Status s = fgtest::gather_bytes(g, 1 << 16);
+    sender.join();
+    RANK_CHECK(s.kind() == ErrorKind::kAborted || s.kind() == ErrorKind::kPeerLost, "{}", s.to_string());
+    RANK_CHECK(ms_since(t0) < 10000, "took {} ms", ms_since(t0));
+    return "";
+  }, o));
+}
+
+// finalize() completes what was started, says Ok when all was well, and may
+// be called again; the destructor then has nothing left to do.
+TEST(Finalize, CompletesStartedRequestsAndIsIdempotent) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    InFlight f = InFlight::start((*comm)->world(), 300000, 5, true);
+    auto ranks = (*comm)->world().ranks();
+    RANK_OK(comm.value()->finalize());
+    RANK_CHECK(f.req.test(), "finalize completed the request");
+    RANK_OK(f.req.wait());
+    for (int i = 0; i < 3; ++i) {
+      RANK_CHECK(check_pattern(f.outs[i].data(), 300000, ranks[i], 5) < 0, "block of rank {}", i);
+    }
+    RANK_OK(comm.value()->finalize());
+    return "";
+  }));
+}
