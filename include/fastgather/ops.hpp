@@ -35,6 +35,7 @@ struct CallStats {
   CallSchedule schedule = CallSchedule::kNone;
   double intra_ns = 0;        // the phase among members on this server (shared memory)
   double inter_ns = 0;        // the rest: waiting for other servers' bytes and relaying them
+  bool single_copy = false;   // peers' blocks were read straight from their memory (CMA)
 };
 
 struct AllGatherOptions {

@@ -6,11 +6,19 @@
 
 #include <fmt/format.h>
 
+#include "base/env.hpp"
 #include "engine/waits.hpp"
 #include "fastgather/tensor.hpp"
 
 namespace fastgather::algo {
 namespace {
+
+// Measured here (docs/benchmarks.md, "Single copy"): below this, the ring's
+// two copies of cache-resident bytes beat process_vm_readv, whose cost is
+// pinning the peer's pages (4 KiB ones below 2 MiB, where Tensor offers no
+// huge pages): 1.5 MB took 144-180 us by single copy, 101-109 us by the
+// ring; 3 MB 123-132 us against 287-382 us.
+constexpr size_t kSingleCopyMinBytes = 2 << 20;
 
 constexpr ProtocolRule kRules[] = {
     {transport::kInlineBytes, Protocol::kInline, "inline"},
@@ -117,7 +125,64 @@ engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call,
   co_return Status::Ok();
 }
 
+// Single copy: every member posts its input's address (inline), waits for
+// everyone's post and compares headers first (so that on a mismatch nobody
+// reads a block whose owner is already leaving), then reads each peer's
+// block straight into its landing place, handing it to the sink piece by
+// piece, and finally posts a second step: "done reading". An owner leaves
+// only once every peer has posted that, so its input stays valid as long as
+// anyone reads it.
+engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
+                                 size_t piece, std::string* mismatch, int* disagreeing, PieceSink sink) {
+  const int n = ch.members();
+  const int me = ch.me();
+  const uint64_t addr = reinterpret_cast<uint64_t>(call.input);
+  const uint64_t step = ch.next_step();
+  ch.post(step, mine, &addr, sizeof(addr));
+  sink(me, 0, call.input, call.bytes);
+  for (int i = 1; i < n; ++i) {
+    const int peer = (me + i) % n;
+    auto line = co_await engine::arrival(ch, peer, step);
+    if (!line.ok()) co_return line.status();
+    compare(ch, call, mine, peer, line.value()->header, mismatch);
+    if (*disagreeing < 0 && !mismatch->empty()) *disagreeing = ch.world_rank(peer);
+  }
+  if (!mismatch->empty()) co_return Status::Ok();  // the caller words it
+  for (int i = 1; i < n; ++i) {
+    const int peer = (me + i) % n;
+    uint64_t remote = 0;
+    std::memcpy(&remote, ch.line(peer, step).inline_data, sizeof(remote));
+    std::byte* dst = (*call.landing)(peer);
+    for (size_t off = 0; off < call.bytes; off += piece) {
+      const size_t len = std::min(piece, call.bytes - off);
+      if (Status s = ch.read_peer(peer, dst + off, remote + off, len); !s.ok()) co_return s;
+      sink(peer, off, dst + off, len);
+    }
+  }
+  const uint64_t done = ch.next_step();
+  ch.post(done, mine);
+  for (int i = 1; i < n; ++i) {
+    auto line = co_await engine::arrival(ch, (me + i) % n, done);
+    if (!line.ok()) co_return line.status();
+  }
+  co_return Status::Ok();
+}
+
 }  // namespace
+
+size_t single_copy_min_bytes() {
+  static const size_t v = base::env_count_or("FG_SINGLE_COPY_MIN_BYTES", kSingleCopyMinBytes);
+  return v;
+}
+
+bool single_copy_suits(const transport::ShmChannel& ch, const GatherCall& call) {
+  return ch.single_copy() && ch.members() > 1 && call.schedule == Schedule::kOneShot &&
+         call.bytes >= single_copy_min_bytes();
+}
+
+bool uses_single_copy(const transport::ShmChannel& ch, const GatherCall& call) {
+  return call.landing != nullptr && single_copy_suits(ch, call);
+}
 
 engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSink sink) {
   if (!ch.broken().ok()) co_return ch.broken();
@@ -128,7 +193,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
     co_return Status::Ok();
   }
   const transport::PostHeader mine = header_of(call);
-  const Protocol protocol = choose_protocol(call.bytes).protocol;
+  const Protocol protocol = uses_single_copy(ch, call) ? Protocol::kSingleCopy : choose_protocol(call.bytes).protocol;
   const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
   if (protocol == Protocol::kCopyInOut && chunk == 0) {
     co_return Status{ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
@@ -143,6 +208,11 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
   };
   int disagreeing = -1;  // world rank of the first peer whose header differed
   auto failed = [&] { return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch), disagreeing}; };
+  if (call.stats != nullptr) call.stats->single_copy = protocol == Protocol::kSingleCopy;
+  if (protocol == Protocol::kSingleCopy) {
+    Status s = co_await single_copy(ch, call, mine, chunk, &mismatch, &disagreeing, sink);
+    co_return !s.ok() || mismatch.empty() ? s : failed();
+  }
 
   // Sends `from` (call.bytes of it) in chunks, one lockstep step each, and
   // hands what arrives to take(peer, offset, src, len). The call's first step

@@ -23,6 +23,8 @@ const char* op_name(OpCode op);
 enum class Protocol {
   kInline,  // bytes ride in the post line: one cache-line transfer per peer
   kCopyInOut,  // one-shot: copy in to own ring buffer, peers copy out, chunked by ring/4
+  kSingleCopy,  // one-shot, large: peers read the owner's input straight into their
+                // output (CMA, process_vm_readv), then a second step says they are done
 };
 
 // The schedule. kOneShot is the protocol table's choice; kRingPass is the
@@ -43,6 +45,7 @@ struct GatherStats {
   // A kMismatch from comparing headers, so naming both calls (a truncated
   // network message carries no header: the sender's call is unknown).
   bool headers_compared = false;
+  bool single_copy = false;  // the server-local phase read peers' blocks by single copy
 };
 
 struct ProtocolRule {
@@ -85,6 +88,14 @@ engine::Task<Status> gather(transport::ShmChannel& channel, GatherCall call, Pie
 // The header every member posts for this call, and its words for errors.
 transport::PostHeader header_of(const GatherCall& call);
 std::string describe(const GatherCall& call, const transport::PostHeader& h);
+
+// Single copy: from this many bytes per member (FG_SINGLE_COPY_MIN_BYTES), on a
+// channel whose members can read each other, for the one-shot schedule of an
+// op that keeps the gathered blocks (call.landing set).
+size_t single_copy_min_bytes();
+bool uses_single_copy(const transport::ShmChannel& channel, const GatherCall& call);
+// The same, call.landing aside: whether an op should give one to get it.
+bool single_copy_suits(const transport::ShmChannel& channel, const GatherCall& call);
 
 // Largest piece the ring protocol hands to the sink for this alignment (0: a
 // row does not fit one step).

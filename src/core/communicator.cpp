@@ -55,6 +55,19 @@ Status check_shm_room(size_t bytes, int members, size_t ring) {
                       members, bytes >> 20, members, ring, avail >> 20)};
 }
 
+bool single_copy_wanted() {
+  auto v = base::env_word("FG_SINGLE_COPY");  // checked by base::check_environment()
+  return !(v.ok() && v.value() && *v.value() == "off");
+}
+
+// Once per process: the fallback is no error, but who measures should know.
+void say_single_copy_refused(const std::string& why) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr, "fastgather: single copy is not possible here (%s); large messages go through the "
+               "shared-memory ring\n", why.empty() ? "another member of the group cannot read its peers' memory" : why.c_str());
+}
+
 std::string random_job_id() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}", rd(), rd());
@@ -524,11 +537,20 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, label);
   if (Status s = impl->channel->check_format(); !s.ok()) return where(s);
   impl->channel->publish_pid();
+  const bool try_single_copy = single_copy_wanted() && local_n > 1;
+  if (try_single_copy) impl->channel->publish_probe();
   if (Status s = store->barrier(local_key + "/attached", local_n, dl); !s.ok()) return where(s);
   // Every member has mapped the segment: its name is no longer needed, and a
   // crash from here on leaves nothing in /dev/shm.
   impl->channel->unlink_name();
   if (Status s = impl->channel->watch_members(); !s.ok()) return where(s);
+  if (local_n > 1) {
+    // Single copy only if every member can read every other (one verdict for all).
+    std::string why;
+    auto agreed = impl->channel->agree_on_single_copy(try_single_copy, dl, &why);
+    if (!agreed.ok()) return where(agreed.status());
+    if (!agreed.value() && try_single_copy) say_single_copy_refused(why);
+  }
 
   if (spans) {
     // A group id for the tags of its messages, and an endpoint to every

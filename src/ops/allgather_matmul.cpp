@@ -133,10 +133,10 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
                                                                            : algo::Schedule::kOneShot;
   // Across servers, blocks from other servers are received into memory
   // before they are multiplied: gather_out when asked for, else a buffer
-  // the group keeps.
-  const bool keep = options.gather_output || spans_servers(group);
+  // the group keeps. So are large blocks read by single copy.
+  const bool keep = options.gather_output || spans_servers(group) || algo::single_copy_suits(ch, call);
   std::byte* kept = gather_bytes;
-  if (!options.gather_output && spans_servers(group)) {
+  if (!options.gather_output && keep) {
     auto& landed = impl_of(group)->landed;
     if (landed.size() < call.bytes * static_cast<size_t>(group.size())) landed.resize(call.bytes * group.size());
     kept = landed.data();

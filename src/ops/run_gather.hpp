@@ -51,7 +51,7 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Pi
       case algo::Schedule::kDirect: typed = CallSchedule::kDirect; break;
       case algo::Schedule::kHierarchical: typed = CallSchedule::kHierarchical; break;
     }
-    *stats = {typed, st.intra_ns, st.inter_ns};
+    *stats = {typed, st.intra_ns, st.inter_ns, st.single_copy};
   }
   co_return s;
 }

@@ -5,7 +5,9 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -176,6 +178,76 @@ void ShmChannel::abort_now() noexcept {
     w.futex_word.fetch_add(1, std::memory_order_release);
     futex_wake_all(&w.futex_word);
   }
+}
+
+namespace {
+constexpr uint64_t kProbe = 0x66672d636d613031ULL;  // "fg-cma01"
+}  // namespace
+
+void ShmChannel::publish_probe() {
+  probe_word_ = kProbe;
+  // Where Yama restricts ptrace to descendants (ptrace_scope 1), siblings
+  // may read each other only if they say so (as Open MPI's vader does).
+  ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  ctl(me_).wake.probe_addr.store(reinterpret_cast<uint64_t>(&probe_word_), std::memory_order_release);
+}
+
+Result<bool> ShmChannel::agree_on_single_copy(bool try_it, std::chrono::steady_clock::time_point deadline,
+                                              std::string* why) {
+  bool all = try_it;
+  for (int m = 0; m < members_ && all; ++m) {
+    if (m == me_) continue;
+    uint64_t got = 0;
+    iovec local{&got, sizeof(got)};
+    iovec remote{reinterpret_cast<void*>(ctl(m).wake.probe_addr.load(std::memory_order_acquire)), sizeof(got)};
+    const ssize_t r = ::process_vm_readv(pids_[m], &local, 1, &remote, 1, 0);
+    if (r != static_cast<ssize_t>(sizeof(got)) || got != kProbe) {
+      all = false;
+      if (why != nullptr) {
+        *why = r < 0 ? fmt::format("process_vm_readv from rank {}: {}", world_ranks_[m], std::strerror(errno))
+                     : fmt::format("process_vm_readv from rank {} read the wrong bytes", world_ranks_[m]);
+      }
+    }
+  }
+  ctl(me_).wake.read_verdict.store(all ? 1 : 2, std::memory_order_release);
+  for (int m = 0; m < members_; ++m) {
+    for (;;) {
+      const uint32_t v = ctl(m).wake.read_verdict.load(std::memory_order_acquire);
+      if (v == 2) all = false;
+      if (v != 0) break;
+      if (Status s = check(m); !s.ok()) return s;
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status{ErrorKind::kTimeout, fmt::format("{}: rank {} did not finish probing single copy", label_,
+                                                       world_ranks_[m]), world_ranks_[m]};
+      }
+      ::usleep(50);
+    }
+  }
+  single_copy_ = all;
+  return all;
+}
+
+Status ShmChannel::read_peer(int member, std::byte* dst, uint64_t remote, size_t len) {
+  while (len > 0) {
+    iovec local{dst, len};
+    iovec from{reinterpret_cast<void*>(remote), len};
+    const ssize_t r = ::process_vm_readv(pids_[member], &local, 1, &from, 1, 0);
+    if (r <= 0) {
+      const int err = r < 0 ? errno : EIO;
+      if (err == EINTR) continue;
+      const int who = world_ranks_[member];
+      Status s = err == ESRCH ? Status{ErrorKind::kPeerLost, fmt::format("{}: rank {} died while rank {} read its bytes",
+                                                                         label_, who, world_ranks_[me_]), who}
+                              : Status{ErrorKind::kSystem, fmt::format("{}: reading rank {}'s bytes: {}", label_, who,
+                                                                       std::strerror(err)), who};
+      abort(s);
+      return broken_;
+    }
+    dst += r;
+    remote += static_cast<uint64_t>(r);
+    len -= static_cast<size_t>(r);
+  }
+  return Status::Ok();
 }
 
 }  // namespace fastgather::transport

@@ -60,6 +60,10 @@ struct alignas(64) MemberLine {
   std::atomic<uint32_t> sleepers{0};    // waiters asleep on futex_word
   std::atomic<int32_t> pid{0};
   std::atomic<uint32_t> aborted{0};  // this member gave up on the group
+  // Single copy: where a peer may read this member's probe word, and what
+  // this member found reading every peer's (0 not yet, 1 all read, 2 refused).
+  std::atomic<uint64_t> probe_addr{0};
+  std::atomic<uint32_t> read_verdict{0};
 };
 
 struct MemberCtl {
@@ -100,6 +104,21 @@ class ShmChannel {
   }
   // Publishes this member's step, with header and optional inline bytes.
   void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0);
+  // Single copy (CMA): a member reads a peer's bytes straight from the peer's
+  // memory with process_vm_readv. Every member must be able to read every
+  // other (ptrace permission; containers and seccomp may refuse), so the
+  // members probe each other once, when the group is made, and use it only
+  // when all succeeded. Call publish_probe() before the attach barrier and
+  // agree_on_single_copy() after watch_members().
+  void publish_probe();
+  // Probes every peer (unless `try_it` is false: then it only says no),
+  // publishes the verdict, and waits (up to `deadline`) for everyone's:
+  // true when every member read every other. *why says what refused it.
+  Result<bool> agree_on_single_copy(bool try_it, std::chrono::steady_clock::time_point deadline, std::string* why);
+  bool single_copy() const { return single_copy_; }
+  // Copies len bytes at `remote` in member's memory to dst.
+  Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len);
+
   // Whether `member` has posted `step` (acquire: its bytes are visible).
   bool arrived(int member, uint64_t step) const {
     return ctl(member).post[step & 1].step.load(std::memory_order_acquire) >= step;
@@ -138,6 +157,8 @@ class ShmChannel {
   std::vector<int> pidfds_;
   std::vector<int> pids_;
   Status broken_;
+  bool single_copy_ = false;
+  uint64_t probe_word_ = 0;
 };
 
 }  // namespace fastgather::transport
