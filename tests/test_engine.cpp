@@ -204,7 +204,8 @@ TEST(Requests, FusedOpAsARequestMatchesTheBlockingCall) {
 // then), so each of rank 0's waits is short but the call is not (with a
 // deadline per wait, as before the engine, no wait would have timed out).
 TEST(Deadline, BoundsTheWholeCallNotEachWait) {
-  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_RING_BYTES", "65536"}});  // 16 KiB steps: 4 MiB is 256 steps
+  // 16 KiB ring steps: 4 MiB is 256 steps (through the ring, not single copy).
+  fgtest::ScopedEnv env({{"FG_RING_BYTES", "65536"}, {"FG_SINGLE_COPY", "off"}});
   fgtest::JobOptions o;
   o.timeout = 1000ms;
   auto results = on_world(2, [](const Config& c, Communicator&, Group& g) -> std::string {

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -18,15 +21,17 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-std::string gather_for(const Config& c, std::chrono::milliseconds how_long) {
+// Checked all-gathers until stop() says so on rank 0. With `joined` set,
+// each rank creates the file <joined>.<rank> once it is in the job.
+std::string gather_until(const Config& c, const std::function<bool()>& stop_now, const std::string& joined = "") {
   auto comm = Communicator::create(c);
   RANK_OK(comm.status());
+  if (!joined.empty()) std::ofstream(fmt::format("{}.{}", joined, c.rank)) << c.rank;
   Group& g = (*comm)->world();
   Tensor in = Tensor::empty(DType::kU8, {4096}), out = Tensor::empty(DType::kU8, {4096 * g.size()});
-  const auto end = Clock::now() + how_long;
   for (uint64_t it = 0;; ++it) {
-    if (it % 64 == 0) {  // rank 0's clock decides for everyone: calls must match
-      int32_t stop = Clock::now() >= end, all[16] = {};
+    if (it % 64 == 0) {  // rank 0's decision counts for everyone: calls must match
+      int32_t stop = stop_now(), all[16] = {};
       RANK_OK(all_gather(g, TensorView(&stop, DType::kI32, {1}), TensorView(all, DType::kI32, {g.size()})));
       if (all[0] != 0) break;
     }
@@ -36,6 +41,45 @@ std::string gather_for(const Config& c, std::chrono::milliseconds how_long) {
   }
   return "";
 }
+
+std::string gather_for(const Config& c, std::chrono::milliseconds how_long) {
+  const auto end = Clock::now() + how_long;
+  return gather_until(c, [&] { return Clock::now() >= end; });
+}
+
+// A job that runs until the test says stop, and says when all its ranks
+// are in (an event, not a guessed delay a loaded machine may outlast).
+struct BackgroundJob {
+  std::string dir = fmt::format("/tmp/fg-test-{}-{}", ::getpid(), serial()++);
+  std::vector<fgtest::RankResult> results;
+  std::thread runner;
+
+  BackgroundJob(int world, const fgtest::JobOptions& opt) {
+    std::filesystem::create_directories(dir);
+    const std::string joined = dir + "/joined", stop = dir + "/stop";
+    runner = std::thread([this, world, opt, joined, stop] {
+      results = fgtest::run_job(world, [&](const Config& c) {
+        return gather_until(c, [&] { return std::filesystem::exists(stop); }, joined);
+      }, opt);
+    });
+    for (const auto until = Clock::now() + 60s; Clock::now() < until;) {
+      bool all = true;
+      for (int r = 0; r < world; ++r) all &= std::filesystem::exists(fmt::format("{}.{}", joined, r));
+      if (all) break;
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  std::vector<fgtest::RankResult> finish() {
+    std::ofstream(dir + "/stop") << 1;
+    runner.join();
+    std::filesystem::remove_all(dir);
+    return results;
+  }
+  static int& serial() {
+    static int n = 0;
+    return n;
+  }
+};
 }  // namespace
 
 TEST(Rendezvous, ANewJobReusesTheSamePortCleanly) {
@@ -49,9 +93,7 @@ TEST(Rendezvous, ANewJobReusesTheSamePortCleanly) {
 TEST(Rendezvous, ASecondJobOnTheSamePortIsRefusedAndTheFirstCarriesOn) {
   fgtest::JobOptions opt;
   opt.port = fgtest::free_port();
-  std::vector<fgtest::RankResult> first;
-  std::thread job_a([&] { first = fgtest::run_job(2, [](const Config& c) { return gather_for(c, 1500ms); }, opt); });
-  std::this_thread::sleep_for(400ms);
+  BackgroundJob job_a(2, opt);  // both of its ranks have joined
   fgtest::JobOptions opt_b = opt;
   opt_b.timeout = 1000ms;
   auto second = fgtest::run_job(2, [](const Config& c) -> std::string {
@@ -65,18 +107,15 @@ TEST(Rendezvous, ASecondJobOnTheSamePortIsRefusedAndTheFirstCarriesOn) {
     }
     return "";
   }, opt_b);
-  job_a.join();
   fgtest::expect_all_ok(second);
-  fgtest::expect_all_ok(first);
+  fgtest::expect_all_ok(job_a.finish());
 }
 
 TEST(Rendezvous, AWrongTokenIsRefusedAndTheJobCarriesOn) {
   fgtest::JobOptions opt;
   opt.port = fgtest::free_port();
   opt.token = "job-a-secret";
-  std::vector<fgtest::RankResult> first;
-  std::thread job_a([&] { first = fgtest::run_job(2, [](const Config& c) { return gather_for(c, 1000ms); }, opt); });
-  std::this_thread::sleep_for(300ms);
+  BackgroundJob job_a(2, opt);
   fgtest::JobOptions stranger = opt;
   stranger.token = "guess";
   stranger.timeout = 1000ms;
@@ -89,9 +128,8 @@ TEST(Rendezvous, AWrongTokenIsRefusedAndTheJobCarriesOn) {
     RANK_CHECK(comm.status().message().find("token") != std::string::npos, "{}", comm.status().message());
     return "";
   }, stranger);
-  job_a.join();
   fgtest::expect_all_ok(refused);
-  fgtest::expect_all_ok(first);
+  fgtest::expect_all_ok(job_a.finish());
 }
 
 TEST(Groups, AGroupCreatedOnSomeRanksOnlyTimesOutWithAMessage) {
