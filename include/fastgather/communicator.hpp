@@ -72,6 +72,9 @@ class Communicator {
   // How bytes move: "shared memory" on one server; with several, also the
   // UCX transports in use between servers (and whether they are simulated).
   std::string transport() const;
+  // Servers that turned out to be this very host (simulated servers): UCX
+  // between them is kept to TCP on loopback.
+  bool simulated_servers() const;
   Group& world();
 
   // Collective over the members of `ranks` only (not over the world). The

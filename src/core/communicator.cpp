@@ -297,6 +297,8 @@ int Communicator::size() const { return impl_->config.world_size; }
 const Config& Communicator::config() const { return impl_->config; }
 Group& Communicator::world() { return *impl_->groups.front(); }
 
+bool Communicator::simulated_servers() const { return impl_->loopback; }
+
 std::string Communicator::transport() const {
   if (!impl_->ucx) return "shared memory";
   return fmt::format("shared memory within a server; between servers {}", impl_->ucx->describe());

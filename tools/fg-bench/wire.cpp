@@ -20,7 +20,7 @@ Result<std::vector<CopyPoint>> measure_wire(Communicator& comm, const std::vecto
   constexpr size_t kSlot = 4096;
   std::vector<char> mine(kSlot, 0), all(kSlot * static_cast<size_t>(c.world_size), 0);
   if (active) {
-    auto ctx = transport::UcxContext::create({.loopback = comm.transport().find("simulated") != std::string::npos});
+    auto ctx = transport::UcxContext::create({.loopback = comm.simulated_servers()});
     if (!ctx.ok()) return ctx.status();
     context = std::move(ctx).value();
     auto w = transport::UcxWorker::create(*context);
