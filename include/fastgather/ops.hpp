@@ -49,6 +49,12 @@ struct AllGatherOptions {
 // later one drive the earlier ones first. The tensors given to start_x must
 // stay valid, and its inputs unchanged, until the request is complete.
 // Like the group, a request is driven by one thread at a time.
+// Progress is per group: a request advances only while this rank drives its
+// group (test()/wait() on it or on a later request of the group, or a
+// blocking call on the group), not while it waits in another group. Ranks
+// that block on group B before completing a multi-step request on group A
+// must do so in the same order, or the call that waits on a rank blocked
+// elsewhere ends at the deadline (kTimeout) rather than hangs.
 class Request {
  public:
   Request() = default;  // complete, with an Ok status
