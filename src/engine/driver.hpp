@@ -34,8 +34,9 @@ using Clock = std::chrono::steady_clock;
 class Waiter {
  public:
   virtual ~Waiter() = default;
-  // Cheap test; true once the awaited thing has happened (or cannot: then
-  // result() is set).
+  // Cheap test; true once the awaited thing has happened. May be called
+  // again after it said true (before the coroutine resumes): it must keep
+  // saying so, and not take a second thing from the channel.
   virtual bool ready() = 0;
   // The peers' health: an error ends the wait.
   virtual Status check() = 0;

@@ -72,8 +72,10 @@ class AnyReceive final : public NetWait {
     if (!error.ok()) return error;
     return *got_;
   }
+  // Idempotent: a completion, once taken from the channel, is kept until
+  // the coroutine resumes (the driver may ask again before it resumes).
   bool ready() override {
-    got_ = net_.poll_receive();
+    if (!got_) got_ = net_.poll_receive();
     return got_.has_value();
   }
 
