@@ -43,17 +43,21 @@ void refuse_cma() {
 }
 
 // Both forms of the all-gather at every size, every byte checked; whether
-// single copy was used must match `expect_single` for sizes from kMin.
-std::string gather_all_sizes(Group& g, bool expect_single) {
+// single copy was used must match `expect_single` for sizes from kMin. The
+// input is a Tensor (huge pages from 2 MiB), or with plain_input a
+// std::vector (4 KiB pages, which single copy reads slower than the ring).
+std::string gather_all_sizes(Group& g, bool expect_single, bool plain_input = false) {
   const int n = g.size();
   uint64_t it = 0;
   for (size_t bytes : kSizes) {
     ++it;
-    Tensor in = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
-    fill_pattern(in.data(), bytes, g.ranks()[g.rank()], it);
+    Tensor tensor = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+    std::vector<char> plain(plain_input ? bytes : 0);
+    const TensorView in = plain_input ? TensorView(plain.data(), DType::kU8, {static_cast<int64_t>(bytes)}) : tensor.view();
+    fill_pattern(in.data, bytes, g.ranks()[g.rank()], it);
     Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * n});
     CallStats st;
-    RANK_OK(all_gather(g, in.view(), out.view(), {.stats = &st}));
+    RANK_OK(all_gather(g, in, out.view(), {.stats = &st}));
     RANK_CHECK(st.single_copy == (expect_single && bytes >= kMin), "{} bytes: single copy {}", bytes, st.single_copy);
     for (int i = 0; i < n; ++i) {
       const long long bad = check_pattern(out.data_as<char>() + static_cast<size_t>(i) * bytes, bytes, g.ranks()[i], it);
@@ -65,7 +69,7 @@ std::string gather_all_sizes(Group& g, bool expect_single) {
       outs.push_back(Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)}));
       views.push_back(outs.back().view());
     }
-    RANK_OK(all_gather(g, in.view(), std::span<const TensorView>(views), {.stats = &st}));
+    RANK_OK(all_gather(g, in, std::span<const TensorView>(views), {.stats = &st}));
     RANK_CHECK(st.single_copy == (expect_single && bytes >= kMin), "list, {} bytes: single copy {}", bytes, st.single_copy);
     for (int i = 0; i < n; ++i) {
       const long long bad = check_pattern(outs[i].data(), bytes, g.ranks()[i], it);
@@ -148,6 +152,34 @@ TEST(SingleCopyFallback, RefusedByTheKernelEverywhere) {
 // Refused on one rank only: the members agree on the ring, all of them.
 TEST(SingleCopyFallback, RefusedOnOneRankTheWholeGroupUsesTheRing) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, c.rank == 1); }));
+}
+
+// Memory of 4 KiB pages (a std::vector, as PyTorch 1.13's tensors): the
+// ring, decided by all from every owner's offer; FG_SINGLE_COPY=always reads
+// it by single copy anyway; one rank's plain memory sends all to the ring.
+TEST(SingleCopyPages, PlainMemoryGoesThroughTheRing) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    return gather_all_sizes((*comm)->world(), false, true);
+  }));
+}
+
+TEST(SingleCopyPages, AlwaysReadsPlainMemoryBySingleCopy) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_SINGLE_COPY", "always"}});
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    return gather_all_sizes((*comm)->world(), true, true);
+  }));
+}
+
+TEST(SingleCopyPages, OneRanksPlainMemorySendsEveryoneToTheRing) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    return gather_all_sizes((*comm)->world(), false, c.rank == 1);
+  }));
 }
 
 // Different sizes above the threshold: a mismatch on every member, nobody

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "base/env.hpp"
+#include "base/huge_pages.hpp"
 #include "engine/waits.hpp"
 #include "fastgather/tensor.hpp"
 
@@ -125,20 +126,42 @@ engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call,
   co_return Status::Ok();
 }
 
-// Single copy: every member posts its input's address (inline), waits for
-// everyone's post and compares headers first (so that on a mismatch nobody
-// reads a block whose owner is already leaving), then reads each peer's
-// block straight into its landing place, handing it to the sink piece by
-// piece, and finally posts a second step: "done reading". An owner leaves
-// only once every peer has posted that, so its input stays valid as long as
-// anyone reads it.
+// What an owner posts inline in the first step of single copy.
+struct Offer {
+  uint64_t addr;    // its input, in its address space
+  uint8_t readable;  // 1: worth reading by single copy (huge pages, or FG_SINGLE_COPY=always)
+};
+static_assert(sizeof(Offer) <= transport::kInlineBytes);
+
+bool single_copy_always() {
+  static const bool v = [] {
+    auto w = base::env_word("FG_SINGLE_COPY");  // checked by base::check_environment()
+    return w.ok() && w.value() && *w.value() == "always";
+  }();
+  return v;
+}
+
+// Single copy: every member posts its input's address and whether it is
+// worth reading that way (inline), waits for everyone's post and compares
+// headers first (so that on a mismatch nobody reads a block whose owner is
+// already leaving). If any owner's memory is not (4 KiB pages: slower than
+// the ring, measured), everyone says *fell_back and the caller runs the ring
+// from here - the same decision on every member, from the same posts.
+// Otherwise each member reads each peer's block straight into its landing
+// place, handing it to the sink piece by piece, and posts a second step:
+// "done reading". An owner leaves only once every peer has posted that, so
+// its input stays valid as long as anyone reads it.
 engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
-                                 size_t piece, std::string* mismatch, int* disagreeing, PieceSink sink) {
+                                 size_t piece, std::string* mismatch, int* disagreeing, bool* fell_back,
+                                 PieceSink sink) {
   const int n = ch.members();
   const int me = ch.me();
-  const uint64_t addr = reinterpret_cast<uint64_t>(call.input);
+  Offer offer{};
+  offer.addr = reinterpret_cast<uint64_t>(call.input);
+  offer.readable = single_copy_always() || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
+  bool all_readable = offer.readable != 0;
   const uint64_t step = ch.next_step();
-  ch.post(step, mine, &addr, sizeof(addr));
+  ch.post(step, mine, &offer, sizeof(offer));
   sink(me, 0, call.input, call.bytes);
   for (int i = 1; i < n; ++i) {
     const int peer = (me + i) % n;
@@ -146,12 +169,20 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
     if (!line.ok()) co_return line.status();
     compare(ch, call, mine, peer, line.value()->header, mismatch);
     if (*disagreeing < 0 && !mismatch->empty()) *disagreeing = ch.world_rank(peer);
+    Offer theirs{};
+    std::memcpy(&theirs, line.value()->inline_data, sizeof(theirs));
+    all_readable &= theirs.readable != 0;
   }
   if (!mismatch->empty()) co_return Status::Ok();  // the caller words it
+  if (!all_readable) {
+    *fell_back = true;
+    co_return Status::Ok();
+  }
   for (int i = 1; i < n; ++i) {
     const int peer = (me + i) % n;
-    uint64_t remote = 0;
-    std::memcpy(&remote, ch.line(peer, step).inline_data, sizeof(remote));
+    Offer theirs{};
+    std::memcpy(&theirs, ch.line(peer, step).inline_data, sizeof(theirs));
+    const uint64_t remote = theirs.addr;
     std::byte* dst = (*call.landing)(peer);
     for (size_t off = 0; off < call.bytes; off += piece) {
       const size_t len = std::min(piece, call.bytes - off);
@@ -193,31 +224,38 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
     co_return Status::Ok();
   }
   const transport::PostHeader mine = header_of(call);
-  const Protocol protocol = uses_single_copy(ch, call) ? Protocol::kSingleCopy : choose_protocol(call.bytes).protocol;
+  Protocol protocol = uses_single_copy(ch, call) ? Protocol::kSingleCopy : choose_protocol(call.bytes).protocol;
   const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
-  if (protocol == Protocol::kCopyInOut && chunk == 0) {
+  if (protocol != Protocol::kInline && chunk == 0) {
     co_return Status{ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
                                                           ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
   }
-  // How to copy into the ring: whichever has made whole calls faster here.
   const auto started = std::chrono::steady_clock::now();
-  const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
   std::string mismatch;
   auto own = [&] {
     if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
   };
   int disagreeing = -1;  // world rank of the first peer whose header differed
   auto failed = [&] { return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch), disagreeing}; };
-  if (call.stats != nullptr) call.stats->single_copy = protocol == Protocol::kSingleCopy;
+  // The call's first step compares headers and places this member's own block.
+  bool first = true;
+  bool fell_back = false;
   if (protocol == Protocol::kSingleCopy) {
-    Status s = co_await single_copy(ch, call, mine, chunk, &mismatch, &disagreeing, sink);
-    co_return !s.ok() || mismatch.empty() ? s : failed();
+    Status s = co_await single_copy(ch, call, mine, chunk, &mismatch, &disagreeing, &fell_back, sink);
+    if (!s.ok()) co_return s;
+    if (!mismatch.empty()) co_return failed();
+    if (call.stats != nullptr) call.stats->single_copy = !fell_back;
+    if (!fell_back) co_return Status::Ok();
+    protocol = Protocol::kCopyInOut;  // headers compared, own block placed: the ring from here
+    first = false;
+  } else if (call.stats != nullptr) {
+    call.stats->single_copy = false;
   }
+  // How to copy into the ring: whichever has made whole calls faster here.
+  const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
 
   // Sends `from` (call.bytes of it) in chunks, one lockstep step each, and
-  // hands what arrives to take(peer, offset, src, len). The call's first step
-  // also compares headers and places this member's own block.
-  bool first = true;
+  // hands what arrives to take(peer, offset, src, len).
   using Take = FunctionRef<void(int peer, size_t offset, const std::byte* src, size_t len)>;
   auto send_in_steps = [&](const std::byte* from, Take take) -> engine::Task<Status> {
     for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
