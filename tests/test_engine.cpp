@@ -199,6 +199,34 @@ TEST(Requests, FusedOpAsARequestMatchesTheBlockingCall) {
   }));
 }
 
+// Requests on two groups, and blocking calls, in opposite orders on the two
+// ranks: rank 0 starts a long gather on group A and then blocks on group B;
+// rank 1 starts one on B and then blocks on A. Each blocked rank's wait loop
+// must drive its other group's request, or each waits for the other until
+// the deadline. Both complete, every byte checked, well within the timeout.
+TEST(Requests, ProgressReachesTheOtherGroupsWhileBlocked) {
+  // 16 KiB ring steps: 1 MiB is 64 steps, each needing the peer's progress.
+  fgtest::ScopedEnv env({{"FG_RING_BYTES", "65536"}, {"FG_SINGLE_COPY", "off"}});
+  fgtest::JobOptions o;
+  o.timeout = 20000ms;
+  fgtest::expect_all_ok(on_world(2, [](const Config& c, Communicator& comm, Group& world) -> std::string {
+    auto other = comm.new_group({0, 1});
+    RANK_OK(other.status());
+    Group& a = world;
+    Group& b = *other.value();
+    const auto t0 = Clock::now();
+    // Group A gathers (1 MiB + 7) bytes (tag 1), group B (1 MiB + 9) (tag 2).
+    const bool zero = c.rank == 0;
+    InFlight started = InFlight::start(zero ? a : b, (1 << 20) + (zero ? 7 : 9), zero ? 1 : 2, false);
+    InFlight blocking = InFlight::start(zero ? b : a, (1 << 20) + (zero ? 9 : 7), zero ? 2 : 1, true);
+    RANK_OK(blocking.req.wait());
+    RANK_OK(started.req.wait());
+    RANK_CHECK(ms_since(t0) < 10000, "took {} ms: the other group's request was not driven", ms_since(t0));
+    if (auto e = started.check(c.rank == 0 ? a : b); !e.empty()) return e;
+    return blocking.check(c.rank == 0 ? b : a);
+  }, o));
+}
+
 // The timeout bounds a whole call, not each of its waits: rank 1 lets its
 // side of a 256-step gather advance one step per 100 ms (test() now and
 // then), so each of rank 0's waits is short but the call is not (with a

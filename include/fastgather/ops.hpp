@@ -49,12 +49,10 @@ struct AllGatherOptions {
 // later one drive the earlier ones first. The tensors given to start_x must
 // stay valid, and its inputs unchanged, until the request is complete.
 // Like the group, a request is driven by one thread at a time.
-// Progress is per group: a request advances only while this rank drives its
-// group (test()/wait() on it or on a later request of the group, or a
-// blocking call on the group), not while it waits in another group. Ranks
-// that block on group B before completing a multi-step request on group A
-// must do so in the same order, or the call that waits on a rank blocked
-// elsewhere ends at the deadline (kTimeout) rather than hangs.
+// Progress is communicator-wide, as in MPI: while this rank waits in one
+// group, its wait loop also drives the requests started on its other groups
+// (those no other thread is driving at that moment), so ranks may block on
+// group B before completing a request on group A in different orders.
 class Request {
  public:
   Request() = default;  // complete, with an Ok status

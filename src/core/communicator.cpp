@@ -132,6 +132,12 @@ struct Communicator::Impl {
   std::mutex store_mu;
   bool loopback = false;                       // all servers on this one host (simulated)
   std::vector<std::unique_ptr<Group>> groups;  // groups[0]: world
+  // Guards `groups` against the other groups' wait loops (progress_others),
+  // which may run on other threads. Never taken while holding store_mu.
+  std::mutex groups_mu;
+  // One non-blocking round for every group's queue that nobody else is
+  // driving; true when any has work pending.
+  bool progress_others();
   // abort() sets the flag and reaches every group's shared memory through
   // this table, which it can read from any thread or a signal handler
   // (build_group fills a slot, destroy_group empties it).
@@ -269,7 +275,10 @@ void Communicator::abort() noexcept {
 Status Communicator::Impl::finalize() {
   if (finalized) return Status::Ok();
   finalized = true;
-  for (auto& g : groups) impl_of(*g)->queue.drain();
+  for (auto& g : groups) {
+    engine::Queue::Hold hold(impl_of(*g)->queue);
+    impl_of(*g)->queue.drain();
+  }
   Status broken;
   if (aborted.load(std::memory_order_acquire) != 0) {
     broken = {ErrorKind::kAborted, fmt::format("rank {} aborted its communicator", config.rank), config.rank};
@@ -282,7 +291,10 @@ Status Communicator::Impl::finalize() {
   if (ucx) close_network();
   if (!broken.ok() && store) (void)store->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value(broken, config.rank));
   for (auto& slot : channels) slot.store(nullptr, std::memory_order_release);
-  groups.clear();
+  {
+    std::lock_guard<std::mutex> lock(groups_mu);
+    groups.clear();
+  }
   store.reset();  // says BYE
   // The store host stays up while the others still read from it (failure
   // reasons, the abort); after a failure only briefly, since the rank that
@@ -430,7 +442,10 @@ Status Communicator::destroy_group(Group* group) {
   if (it == gs.end()) {
     return {ErrorKind::kInvalidArgument, fmt::format("rank {}: that group is not one of this communicator's", rank())};
   }
-  impl_of(**it)->queue.drain();  // what was started on it completes first
+  {
+    engine::Queue::Hold hold(impl_of(**it)->queue);
+    impl_of(**it)->queue.drain();  // what was started on it completes first
+  }
   for (auto& slot : impl_->channels) {
     if (slot.load() == impl_of(**it)->channel.get()) slot.store(nullptr);
   }
@@ -439,8 +454,18 @@ Status Communicator::destroy_group(Group* group) {
     const auto until = impl_->deadline();
     while (!net->closed() && Clock::now() < until) net->progress();
   }
+  std::lock_guard<std::mutex> lock(impl_->groups_mu);
   gs.erase(it);
   return Status::Ok();
+}
+
+bool Communicator::Impl::progress_others() {
+  std::unique_lock<std::mutex> lock(groups_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  bool pending = false;
+  // The caller's own group is held by the caller: try_progress skips it.
+  for (auto& g : groups) pending |= impl_of(*g)->queue.try_progress();
+  return pending;
 }
 
 Result<Group*> Communicator::new_group(std::vector<int> ranks) { return impl_->build_group(std::move(ranks)); }
@@ -456,7 +481,7 @@ Result<Group*> Communicator::tp_group_of_dp(int tp, int dp) {
 }
 
 Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
-  std::lock_guard<std::mutex> store_lock(store_mu);
+  std::unique_lock<std::mutex> store_lock(store_mu);
   const int me_world = config.rank;
   const std::string label = fmt::format("group [{}]", fmt::join(ranks, ","));
   auto invalid = [&](const std::string& why) {
@@ -621,6 +646,9 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     transport::ShmChannel* none = nullptr;
     if (slot.compare_exchange_strong(none, impl->channel.get())) break;
   }
+  impl->others = [this] { return progress_others(); };
+  store_lock.unlock();  // groups_mu is never taken under store_mu (see progress_others)
+  std::lock_guard<std::mutex> lock(groups_mu);
   groups.push_back(GroupAccess::make(std::move(impl)));
   return groups.back().get();
 }

@@ -42,6 +42,8 @@ struct Group::Impl {
   const std::atomic<int>* aborted = nullptr;  // the communicator's flag
   // Started operations, oldest first (engine/driver.hpp).
   engine::Queue queue;
+  // A hand for the communicator's other groups while this one waits.
+  std::function<bool()> others;
 
   engine::DriveOptions drive_options() const {
     engine::DriveOptions o;
@@ -49,6 +51,7 @@ struct Group::Impl {
     o.timeout = policy.timeout;
     o.aborted = aborted;
     o.net = net.get();
+    o.others = others;
     return o;
   }
 };

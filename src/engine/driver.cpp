@@ -146,8 +146,12 @@ void Driver::wait() {
       } else if (waited < spin_yield) {
         ::sched_yield();
       } else {
-        current_->sleep(net_busy ? std::chrono::nanoseconds(kSliceWithNetwork)
-                                 : std::chrono::nanoseconds(opt_.policy.sleep_slice));
+        // Before sleeping: a hand for the other groups, whose peers may be
+        // waiting on this rank there while this rank waits here.
+        const bool elsewhere = opt_.others && opt_.others();
+        if (round(Clock::now() - wait_began_)) break;
+        current_->sleep(net_busy || elsewhere ? std::chrono::nanoseconds(kSliceWithNetwork)
+                                              : std::chrono::nanoseconds(opt_.policy.sleep_slice));
       }
     }
     resume();
@@ -161,6 +165,31 @@ Status Driver::run(Task<Status> op, const DriveOptions& options) {
 }
 
 // ------------------------------------------------------------------ Queue
+
+Queue::Hold::Hold(Queue& q) : q_(q) {
+  // Held by another thread only for one round of try_progress: brief.
+  while (q_.held_.test_and_set(std::memory_order_acquire)) ::sched_yield();
+}
+
+Queue::Hold::~Hold() { q_.held_.clear(std::memory_order_release); }
+
+bool Queue::try_progress() {
+  if (held_.test_and_set(std::memory_order_acquire)) return false;
+  bool pending = false;
+  try {
+    if (!ops_.empty()) {
+      ops_.front()->test();
+      pop_done();
+    }
+    pending = !ops_.empty();
+  } catch (...) {
+    // The operation is done, with a status saying it ended on an exception;
+    // its owner sees that. Nothing to throw into another group's wait.
+    pop_done();
+  }
+  held_.clear(std::memory_order_release);
+  return pending;
+}
 
 void Queue::pop_done() {
   while (!ops_.empty() && ops_.front()->done()) {

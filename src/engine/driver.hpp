@@ -19,6 +19,7 @@
 #include <chrono>
 #include <coroutine>
 #include <deque>
+#include <functional>
 #include <memory>
 
 #include "engine/task.hpp"
@@ -65,6 +66,10 @@ struct DriveOptions {
   std::chrono::milliseconds timeout{0};
   const std::atomic<int>* aborted = nullptr;  // the communicator's abort flag (non-zero: aborted)
   transport::NetChannel* net = nullptr;       // progressed while anything is in flight on it
+  // The communicator's other groups: one non-blocking round for each whose
+  // queue is not being driven by someone else; true when any has work
+  // pending (then this wait sleeps in short slices). Null: none.
+  std::function<bool()> others;
 };
 
 class Driver {
@@ -116,9 +121,25 @@ void Waiter::await_suspend(std::coroutine_handle<P> h) {
   h.promise().driver->suspended(this);
 }
 
-// The operations started on one group, oldest first.
+// The operations started on one group, oldest first. Whoever drives them
+// holds the queue: the group's own thread (test, wait, a blocking call), or
+// another group's wait loop lending a hand (try_progress), one at a time.
 class Queue {
  public:
+  class Hold {
+   public:
+    explicit Hold(Queue& q);
+    ~Hold();
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    Queue& q_;
+  };
+  // Unless someone holds it: one non-blocking round for the oldest
+  // operation. True when operations remain.
+  bool try_progress();
+
   // Starts it at once when nothing is ahead of it.
   void push(std::shared_ptr<Driver> op);
   bool empty() const { return ops_.empty(); }
@@ -132,6 +153,7 @@ class Queue {
  private:
   void pop_done();
   std::deque<std::shared_ptr<Driver>> ops_;
+  std::atomic_flag held_ = ATOMIC_FLAG_INIT;
 };
 
 }  // namespace fastgather::engine

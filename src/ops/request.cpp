@@ -16,6 +16,7 @@ Request& Request::operator=(Request&& o) noexcept {
 Request::~Request() {
   if (!state_ || state_->driver->done()) return;
   try {
+    engine::Queue::Hold hold(*state_->queue);
     state_->queue->wait(*state_->driver);
   } catch (...) {
     // An exception from a sink (bad_alloc, say) has nowhere to go from here.
@@ -25,12 +26,16 @@ Request::~Request() {
 // A done request never touches its queue again: its group may be gone.
 bool Request::test() {
   if (!state_ || state_->driver->done()) return true;
+  engine::Queue::Hold hold(*state_->queue);
   return state_->queue->test(*state_->driver);
 }
 
 Status Request::wait() {
   if (!state_) return Status::Ok();
-  if (!state_->driver->done()) state_->queue->wait(*state_->driver);
+  if (!state_->driver->done()) {
+    engine::Queue::Hold hold(*state_->queue);
+    state_->queue->wait(*state_->driver);
+  }
   return state_->driver->result();
 }
 

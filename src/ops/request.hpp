@@ -33,13 +33,17 @@ struct RequestAccess {
     auto state = std::make_shared<Request::State>();
     state->driver = std::make_shared<engine::Driver>(std::move(op), gi.drive_options());
     state->queue = &gi.queue;
+    engine::Queue::Hold hold(gi.queue);
     gi.queue.push(state->driver);
     return Request(std::move(state));
   }
   static Status run(Group& g, engine::Task<Status> op) {
     Group::Impl& gi = *impl_of(g);
     if (is_aborted(gi)) return aborted(g);
-    if (gi.queue.empty()) return engine::Driver::run(std::move(op), gi.drive_options());
+    {
+      engine::Queue::Hold hold(gi.queue);
+      if (gi.queue.empty()) return engine::Driver::run(std::move(op), gi.drive_options());
+    }
     return start(g, std::move(op)).wait();
   }
 };
