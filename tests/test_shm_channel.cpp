@@ -43,7 +43,6 @@ Result<const PostLine*> wait_on(ShmChannel& ch, const WaitPolicy& p, int member,
   };
   engine::DriveOptions o;
   o.policy = p;
-  o.timeout = p.timeout;
   if (Status s = engine::Driver::run(op(), o); !s.ok()) return s;
   return got;
 }

@@ -133,22 +133,15 @@ struct Offer {
 };
 static_assert(sizeof(Offer) <= transport::kInlineBytes);
 
-bool single_copy_always() {
-  static const bool v = [] {
-    auto w = base::env_word("FG_SINGLE_COPY");  // checked by base::check_environment()
-    return w.ok() && w.value() && *w.value() == "always";
-  }();
-  return v;
-}
-
 // Single copy: every member posts its input's address and whether it is
-// worth reading that way (inline), waits for everyone's post and compares
-// headers first (so that on a mismatch nobody reads a block whose owner is
-// already leaving). If any owner's memory is not (4 KiB pages: slower than
-// the ring, measured), everyone says *fell_back and the caller runs the ring
+// worth reading that way (inline, through lockstep(), which also compares
+// headers and places the own block), and waits for everyone's post first
+// (so that on a mismatch nobody reads a block whose owner is already
+// leaving). If any owner's memory is not (4 KiB pages: slower than the
+// ring, measured), everyone says *fell_back and the caller runs the ring
 // from here - the same decision on every member, from the same posts.
 // Otherwise each member reads each peer's block straight into its landing
-// place, handing it to the sink piece by piece, and posts a second step:
+// place, handing it to the sink piece by piece, and takes a second step:
 // "done reading". An owner leaves only once every peer has posted that, so
 // its input stays valid as long as anyone reads it.
 engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
@@ -158,48 +151,51 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
   const int me = ch.me();
   Offer offer{};
   offer.addr = reinterpret_cast<uint64_t>(call.input);
-  offer.readable = single_copy_always() || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
+  offer.readable = single_copy_mode() == SingleCopyMode::kAlways || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
   bool all_readable = offer.readable != 0;
-  const uint64_t step = ch.next_step();
-  ch.post(step, mine, &offer, sizeof(offer));
-  sink(me, 0, call.input, call.bytes);
-  for (int i = 1; i < n; ++i) {
-    const int peer = (me + i) % n;
-    auto line = co_await engine::arrival(ch, peer, step);
-    if (!line.ok()) co_return line.status();
-    compare(ch, call, mine, peer, line.value()->header, mismatch);
-    if (*disagreeing < 0 && !mismatch->empty()) *disagreeing = ch.world_rank(peer);
+  auto own = [&] { sink(me, 0, call.input, call.bytes); };
+  auto note_offer = [&](int, const std::byte* src) {
     Offer theirs{};
-    std::memcpy(&theirs, line.value()->inline_data, sizeof(theirs));
+    std::memcpy(&theirs, src, sizeof(theirs));
     all_readable &= theirs.readable != 0;
-  }
-  if (!mismatch->empty()) co_return Status::Ok();  // the caller words it
+  };
+  Status s = co_await lockstep(ch, call, mine, Protocol::kInline, CopyIn::kCached,
+                               reinterpret_cast<const std::byte*>(&offer), sizeof(offer), true, mismatch, disagreeing,
+                               own, note_offer);
+  if (!s.ok() || !mismatch->empty()) co_return s;  // the caller words a mismatch
   if (!all_readable) {
     *fell_back = true;
     co_return Status::Ok();
   }
+  // Every peer's offer stays in its post line until this member posts again.
+  const uint64_t step = ch.last_step();
   for (int i = 1; i < n; ++i) {
     const int peer = (me + i) % n;
     Offer theirs{};
     std::memcpy(&theirs, ch.line(peer, step).inline_data, sizeof(theirs));
-    const uint64_t remote = theirs.addr;
     std::byte* dst = (*call.landing)(peer);
     for (size_t off = 0; off < call.bytes; off += piece) {
       const size_t len = std::min(piece, call.bytes - off);
-      if (Status s = ch.read_peer(peer, dst + off, remote + off, len); !s.ok()) co_return s;
+      if (Status r = ch.read_peer(peer, dst + off, theirs.addr + off, len); !r.ok()) co_return r;
       sink(peer, off, dst + off, len);
     }
   }
-  const uint64_t done = ch.next_step();
-  ch.post(done, mine);
-  for (int i = 1; i < n; ++i) {
-    auto line = co_await engine::arrival(ch, (me + i) % n, done);
-    if (!line.ok()) co_return line.status();
-  }
-  co_return Status::Ok();
+  auto nothing = [] {};
+  auto none = [](int, const std::byte*) {};
+  co_return co_await lockstep(ch, call, mine, Protocol::kInline, CopyIn::kCached, nullptr, 0, false, mismatch,
+                              disagreeing, nothing, none);
 }
 
 }  // namespace
+
+SingleCopyMode single_copy_mode() {
+  static const SingleCopyMode v = [] {
+    auto w = base::env_word("FG_SINGLE_COPY");  // checked by base::check_environment()
+    if (!w.ok() || !w.value()) return SingleCopyMode::kAuto;
+    return *w.value() == "off" ? SingleCopyMode::kOff : *w.value() == "always" ? SingleCopyMode::kAlways : SingleCopyMode::kAuto;
+  }();
+  return v;
+}
 
 size_t single_copy_min_bytes() {
   static const size_t v = base::env_count_or("FG_SINGLE_COPY_MIN_BYTES", kSingleCopyMinBytes);

@@ -93,6 +93,9 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h);
 // channel whose members can read each other, for the one-shot schedule of an
 // op that keeps the gathered blocks (call.landing set).
 size_t single_copy_min_bytes();
+// FG_SINGLE_COPY: off (never: not even probed), auto (huge-page memory), always.
+enum class SingleCopyMode { kOff, kAuto, kAlways };
+SingleCopyMode single_copy_mode();
 bool uses_single_copy(const transport::ShmChannel& channel, const GatherCall& call);
 // The same, call.landing aside: whether an op should give one to get it.
 bool single_copy_suits(const transport::ShmChannel& channel, const GatherCall& call);

@@ -55,11 +55,6 @@ Status check_shm_room(size_t bytes, int members, size_t ring) {
                       members, bytes >> 20, members, ring, avail >> 20)};
 }
 
-bool single_copy_wanted() {
-  auto v = base::env_word("FG_SINGLE_COPY");  // checked by base::check_environment()
-  return !(v.ok() && v.value() && *v.value() == "off");
-}
-
 // Once per process: the fallback is no error, but who measures should know.
 void say_single_copy_refused(const std::string& why) {
   static std::atomic<bool> said{false};
@@ -500,6 +495,11 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   }
   auto pos = std::find(ranks.begin(), ranks.end(), me_world);
   if (pos == ranks.end()) return invalid(fmt::format("rank {} is not a member", me_world));
+  // Before any resource is made: abort() reaches groups through a table this long.
+  if (groups.size() >= kMaxGroups) {
+    return Status{ErrorKind::kResourceExhausted,
+                  fmt::format("rank {}: cannot create {}: this rank already has {} groups", me_world, label, kMaxGroups)};
+  }
 
   const int n = static_cast<int>(ranks.size());
   const int me = static_cast<int>(pos - ranks.begin());
@@ -564,7 +564,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, label);
   if (Status s = impl->channel->check_format(); !s.ok()) return where(s);
   impl->channel->publish_pid();
-  const bool try_single_copy = single_copy_wanted() && local_n > 1;
+  const bool try_single_copy = algo::single_copy_mode() != algo::SingleCopyMode::kOff && local_n > 1;
   if (try_single_copy) impl->channel->publish_probe();
   if (Status s = store->barrier(local_key + "/attached", local_n, dl); !s.ok()) return where(s);
   // Every member has mapped the segment: its name is no longer needed, and a
@@ -641,7 +641,6 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     }
   }
 
-  if (groups.size() >= kMaxGroups) return where({ErrorKind::kResourceExhausted, fmt::format("more than {} groups", kMaxGroups)});
   for (auto& slot : channels) {
     transport::ShmChannel* none = nullptr;
     if (slot.compare_exchange_strong(none, impl->channel.get())) break;

@@ -48,7 +48,6 @@ struct Group::Impl {
   engine::DriveOptions drive_options() const {
     engine::DriveOptions o;
     o.policy = policy;
-    o.timeout = policy.timeout;
     o.aborted = aborted;
     o.net = net.get();
     o.others = others;

@@ -80,7 +80,7 @@ void Driver::suspended(Waiter* w) {
   wait_began_ = Clock::now();
   if (!deadline_set_) {
     deadline_set_ = true;
-    if (opt_.timeout.count() > 0) deadline_ = wait_began_ + opt_.timeout;
+    if (opt_.policy.timeout.count() > 0) deadline_ = wait_began_ + opt_.policy.timeout;
   }
 }
 
@@ -115,7 +115,7 @@ bool Driver::round(Clock::duration waited) {
   } else {
     why = w.check();
   }
-  if (why.ok() && Clock::now() > deadline_) why = w.timed_out(opt_.timeout);
+  if (why.ok() && Clock::now() > deadline_) why = w.timed_out(opt_.policy.timeout);
   if (why.ok()) return false;
   w.error = w.fail(why);
   return true;
@@ -149,7 +149,7 @@ void Driver::wait() {
         // Before sleeping: a hand for the other groups, whose peers may be
         // waiting on this rank there while this rank waits here.
         const bool elsewhere = opt_.others && opt_.others();
-        if (round(Clock::now() - wait_began_)) break;
+        if (current_->ready()) break;  // it may have come meanwhile
         current_->sleep(net_busy || elsewhere ? std::chrono::nanoseconds(kSliceWithNetwork)
                                               : std::chrono::nanoseconds(opt_.policy.sleep_slice));
       }

@@ -59,11 +59,11 @@ class Waiter {
 };
 
 struct DriveOptions {
+  // policy.timeout is the whole operation's, from its first wait (0: none).
+  // Counted from the first wait rather than the start so that a call that
+  // never waits reads no clock; the two are the few microseconds of copying
+  // in apart.
   transport::WaitPolicy policy;
-  // The whole operation's, from its first wait (0: none). Counted from the
-  // first wait rather than the start so that a call that never waits reads
-  // no clock; the two are the few microseconds of copying in apart.
-  std::chrono::milliseconds timeout{0};
   const std::atomic<int>* aborted = nullptr;  // the communicator's abort flag (non-zero: aborted)
   transport::NetChannel* net = nullptr;       // progressed while anything is in flight on it
   // The communicator's other groups: one non-blocking round for each whose

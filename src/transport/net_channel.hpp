@@ -105,7 +105,6 @@ class NetChannel {
   // The channel does not wait (the engine does, engine/driver.hpp). It says:
   // a receive that completed since the last call (each reported once);
   std::optional<Completion> poll_receive();
-  size_t pending_receives() const;
   // whether every send posted so far has completed;
   bool poll_sends();
   // whether anything is in flight (then the worker needs progress());
@@ -137,6 +136,7 @@ class NetChannel {
 
  private:
   NetChannel() = default;
+  size_t pending_receives() const;
   std::unique_ptr<Impl> impl_;
   std::vector<int> world_ranks_;
   int me_ = -1;

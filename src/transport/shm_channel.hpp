@@ -96,6 +96,7 @@ class ShmChannel {
   const std::string& label() const { return label_; }
 
   uint64_t next_step() { return ++step_; }
+  uint64_t last_step() const { return step_; }
   // Room for len <= max_step_bytes() bytes in this member's ring; *offset
   // goes into the step's PostHeader.
   std::byte* claim(size_t len, uint32_t* offset);

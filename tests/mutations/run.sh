@@ -16,7 +16,7 @@ MUTATIONS=(
   "claim() always returns offset 0|src/transport/shm_channel.cpp|s/\*offset = static_cast<uint32_t>\(cursor_\);/cursor_ = 0;\n  *offset = 0;/|test_shm_channel|ShmChannel.RingClaimsWrapAndStayLineAligned"
   "the all-gather sink drops the last byte of each piece|src/ops/collectives.cpp|s/if \(dst != src\) std::memcpy\(dst, src, len\);/if (dst != src) std::memcpy(dst, src, len - (len > 0));/|test_allgather|*WorldSizes*"
   "the fused op keeps a stale bias in its scratch|src/ops/allgather_matmul.cpp|s/if \(bias\) \{\n(\s*)bias_f = c_buf \+ block_rows \* n;/bias_f = c_buf + block_rows * n;\n\1if (bias) {/|test_allgather_matmul|AllGatherMatmul/Fused.*"
-  "single copy leaves the last byte of each piece unread|src/algo/allgather.cpp|s/ch\.read_peer\(peer, dst \+ off, remote \+ off, len\)/ch.read_peer(peer, dst + off, remote + off, len - 1)/|test_single_copy|WorldSizes/SingleCopy.*"
+  "single copy leaves the last byte of each piece unread|src/algo/allgather.cpp|s/ch\.read_peer\(peer, dst \+ off, theirs\.addr \+ off, len\)/ch.read_peer(peer, dst + off, theirs.addr + off, len - 1)/|test_single_copy|WorldSizes/SingleCopy.*"
   "a blocked wait does not drive the other groups' requests|src/core/group_impl.hpp|s/o\.others = others;/o.others = nullptr;/|test_engine|Requests.ProgressReachesTheOtherGroupsWhileBlocked"
   "the engine ignores the operation's deadline|src/engine/driver.cpp|s/if \(why\.ok\(\) && Clock::now\(\) > deadline_\)/if (false \&\& why.ok() \&\& Clock::now() > deadline_)/|test_engine|Deadline.*"
   "the engine ignores Communicator::abort()|src/engine/driver.cpp|s/opt_\.aborted->load\(std::memory_order_acquire\) != 0/false/|test_engine|Abort.FromAnotherThread*"

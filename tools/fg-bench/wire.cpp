@@ -72,7 +72,6 @@ Result<std::vector<CopyPoint>> measure_wire(Communicator& comm, const std::vecto
     auto round = [&](size_t bytes) {
       engine::DriveOptions o;
       o.policy = transport::WaitPolicy::for_members(2, c.timeout);
-      o.timeout = c.timeout;
       o.net = &net;
       return engine::Driver::run(trip(bytes), o);
     };
