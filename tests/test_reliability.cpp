@@ -177,10 +177,11 @@ TEST(Cleanup, ACreatorKilledBeforeUnlinkIsSweptByTheNextJob) {
   fgtest::JobOptions opt;
   opt.timeout = 3000ms;
   auto crashed = fgtest::run_job(2, [](const Config& c) -> std::string {
-    if (c.rank == 1) {
-      std::this_thread::sleep_for(800ms);  // never attaches: rank 0 waits at the attach barrier
-      return "";
-    }
+    // Rank 1 never attaches, so rank 0 waits at the attach barrier. It leaves
+    // at once: the sooner the job is over, the shorter the time in which
+    // another test's start-up (ctest runs them in parallel) may sweep the
+    // leftover before it is looked for.
+    if (c.rank == 1) return "";
     // Dies holding the segment's name: as soon as its segment exists (not
     // after a guessed delay, which a loaded machine may outlast).
     std::thread killer([] {
