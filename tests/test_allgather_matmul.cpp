@@ -123,10 +123,12 @@ std::string run_case(const Config& c, const Case& cs) {
 
 }  // namespace
 
-class Fused : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+// Both of the fused op's GEMMs (FG_FUSED_GEMM): the packed kernel and OpenBLAS.
+class Fused : public ::testing::TestWithParam<std::tuple<DType, int, const char*>> {};
 
 TEST_P(Fused, MatchesReferenceGemm) {
-  const auto [dtype, world] = GetParam();
+  const auto [dtype, world, gemm] = GetParam();
+  ::setenv("FG_FUSED_GEMM", gemm, 1);  // read by each call, in the rank processes forked below
   const std::vector<Case> cases = {
       {dtype, 5, 64, 16, false, true, ""},
       {dtype, 5, 64, 16, true, true, ""},
@@ -135,6 +137,14 @@ TEST_P(Fused, MatchesReferenceGemm) {
       {dtype, 0, 64, 16, true, true, ""},              // m = 0: valid, empty output
       {dtype, 300, 64, 24, true, true, "65536"},       // many pieces per rank
       {dtype, 300, 64, 24, false, false, "65536"},
+      // The packed kernel's edges: k past one 256-wide pass and not a multiple
+      // of it, n not a multiple of the 16-column panel (1, 3 panels), a 4-row
+      // tail tile, row chunks (48 rows at n <= 16, 12 at n = 1100), k = 0.
+      {dtype, 13, 300, 33, true, true, ""},
+      {dtype, 100, 520, 7, true, false, ""},
+      {dtype, 17, 40, 1100, true, true, ""},
+      {dtype, 6, 1, 16, false, true, ""},
+      {dtype, 4, 0, 20, true, false, ""},
   };
   for (const Case& cs : cases) {
     SCOPED_TRACE(fmt::format("m={} k={} n={} bias={} gather_output={} ring={}", cs.m, cs.k, cs.n, cs.bias,
@@ -145,9 +155,10 @@ TEST_P(Fused, MatchesReferenceGemm) {
 
 INSTANTIATE_TEST_SUITE_P(AllGatherMatmul, Fused,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                                            ::testing::Values(1, 2, 3)),
+                                            ::testing::Values(1, 2, 3), ::testing::Values("packed", "openblas")),
                          [](const auto& info) {
-                           return fmt::format("{}_world{}", dtype_name(std::get<0>(info.param)), std::get<1>(info.param));
+                           return fmt::format("{}_world{}_{}", dtype_name(std::get<0>(info.param)), std::get<1>(info.param),
+                                              std::get<2>(info.param));
                          });
 
 // Across simulated servers: remote blocks are received, then multiplied as

@@ -32,6 +32,8 @@ constexpr EnvVar kTable[] = {
      "large messages read straight from the peer's memory (CMA); always: also 4 KiB-page memory; off: the ring"},
     {"FG_SINGLE_COPY_MIN_BYTES", K::kCount, 1, uint64_t{1} << 40, "", "2097152",
      "bytes per member from which single copy is used"},
+    {"FG_FUSED_GEMM", K::kWord, 0, 0, "packed|openblas", "packed where the CPU has AVX2+FMA+F16C and gemm_threads is 1",
+     "the fused op's GEMM: x2 packed once per call with x1 converted in tiles, or OpenBLAS sgemm on fp32 copies"},
     {"FG_SPIN_US", K::kCount, 0, 1'000'000, "", "20 (2 when oversubscribed)", "waiting: spin this long first"},
     {"FG_YIELD_US", K::kCount, 0, 10'000'000, "", "200 (50 when oversubscribed)", "waiting: then yield this long, then sleep"},
     {"FG_BIND", K::kWord, 0, 0, "none|core", "core when ranks <= CPUs", "pin spawned ranks to CPUs, or not"},

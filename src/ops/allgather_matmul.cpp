@@ -7,10 +7,12 @@
 #include <cstring>
 
 #include "algo/allgather.hpp"
+#include "base/env.hpp"
 #include "core/group_impl.hpp"
 #include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/convert.hpp"
+#include "ops/gemm.hpp"
 #include "ops/request.hpp"
 #include "ops/validate.hpp"
 
@@ -25,6 +27,14 @@ constexpr const char* kOp = "all_gather_matmul";
 void set_blas_threads(int threads) {
   if (threads < 1) threads = 1;
   if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
+}
+
+// FG_FUSED_GEMM: the packed kernel (gemm.hpp) where the CPU has it and one
+// thread multiplies; OpenBLAS's sgemm on fp32 copies otherwise.
+bool use_packed_gemm(const AllGatherMatmulOptions& options) {
+  auto w = base::env_word("FG_FUSED_GEMM");  // checked by base::check_environment()
+  const bool asked_blas = w.ok() && w.value() && *w.value() == "openblas";
+  return !asked_blas && options.gemm_threads <= 1 && ops::packed_gemm_supported();
 }
 
 Status check_args(const Group& g, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
@@ -86,32 +96,40 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
                      fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte step; raise FG_RING_BYTES", kOp,
                                  group.describe(), row_bytes, ch.max_step_bytes())};
   }
-  set_blas_threads(options.gemm_threads);
+  const bool packed = use_packed_gemm(options);
+  if (!packed) set_blas_threads(options.gemm_threads);
 
-  // fp32 views of B and scratch for A rows and C rows when the dtype is half.
-  const bool is_f32 = dt == DType::kF32;
   // Rows multiplied at once: a step's worth (k = 0 moves nothing; any block size serves).
   const size_t block_rows = max_rows != 0 ? max_rows : std::max<size_t>(m, 1);
   auto& scratch = impl_of(group)->scratch;
-  const size_t need = is_f32 ? 0 : k * n + block_rows * k + block_rows * n + n;
-  if (scratch.size() < need) scratch.resize(need);
+  std::optional<ops::PackedGemm> gemm;
+  // OpenBLAS path: fp32 views of B and scratch for A rows and C rows when the dtype is half.
+  const bool is_f32 = dt == DType::kF32;
   const float* B = static_cast<const float*>(x2.data);
   float* a_buf = nullptr;
   float* c_buf = nullptr;
   float* bias_f = nullptr;
-  if (!is_f32) {
-    float* b_buf = scratch.data();
-    ops::to_float(dt, x2.data, b_buf, k * n);
-    B = b_buf;
-    a_buf = b_buf + k * n;
-    c_buf = a_buf + block_rows * k;
-    // Only when there is a bias: the scratch still holds the last call's.
-    if (bias) {
-      bias_f = c_buf + block_rows * n;
-      ops::to_float(dt, bias->data, bias_f, n);
+  if (packed) {
+    const size_t need = ops::PackedGemm::scratch_floats(k, n);
+    if (scratch.size() < need) scratch.resize(need);
+    gemm.emplace(dt, x2.data, k, n, bias ? bias->data : nullptr, scratch.data());
+  } else {
+    const size_t need = is_f32 ? 0 : k * n + block_rows * k + block_rows * n + n;
+    if (scratch.size() < need) scratch.resize(need);
+    if (!is_f32) {
+      float* b_buf = scratch.data();
+      ops::to_float(dt, x2.data, b_buf, k * n);
+      B = b_buf;
+      a_buf = b_buf + k * n;
+      c_buf = a_buf + block_rows * k;
+      // Only when there is a bias: the scratch still holds the last call's.
+      if (bias) {
+        bias_f = c_buf + block_rows * n;
+        ops::to_float(dt, bias->data, bias_f, n);
+      }
+    } else if (bias) {
+      bias_f = static_cast<float*>(bias->data);
     }
-  } else if (bias) {
-    bias_f = static_cast<float*>(bias->data);
   }
 
   auto* out_bytes = static_cast<std::byte*>(output.data);
@@ -147,6 +165,7 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
 
   // Multiplies rows [row0, row0+rows) of allgather(x1), readable at src.
   auto multiply = [&](size_t row0, size_t rows, const std::byte* src) {
+    if (gemm) return gemm->multiply(src, rows, out_bytes + row0 * n * elt);
     const float* A = reinterpret_cast<const float*>(src);
     float* C = is_f32 ? reinterpret_cast<float*>(out_bytes + row0 * n * elt) : c_buf;
     if (!is_f32) {

@@ -16,6 +16,8 @@ MUTATIONS=(
   "claim() always returns offset 0|src/transport/shm_channel.cpp|s/\*offset = static_cast<uint32_t>\(cursor_\);/cursor_ = 0;\n  *offset = 0;/|test_shm_channel|ShmChannel.RingClaimsWrapAndStayLineAligned"
   "the all-gather sink drops the last byte of each piece|src/ops/collectives.cpp|s/if \(dst != src\) std::memcpy\(dst, src, len\);/if (dst != src) std::memcpy(dst, src, len - (len > 0));/|test_allgather|*WorldSizes*"
   "the fused op keeps a stale bias in its scratch|src/ops/allgather_matmul.cpp|s/if \(bias\) \{\n(\s*)bias_f = c_buf \+ block_rows \* n;/bias_f = c_buf + block_rows * n;\n\1if (bias) {/|test_allgather_matmul|AllGatherMatmul/Fused.*"
+  "the packed GEMM skips the last k of each pass|src/ops/gemm.cpp|s/for \(size_t kk = 0; kk < kc; \+\+kk\)/for (size_t kk = 0; kk + 1 < kc; ++kk)/|test_allgather_matmul|AllGatherMatmul/Fused.*packed"
+  "the packed GEMM multiplies a 4-row tile as 3 rows|src/ops/gemm.cpp|s/case 4: return kernel<4>/case 4: return kernel<3>/|test_allgather_matmul|AllGatherMatmul/Fused.*packed"
   "single copy leaves the last byte of each piece unread|src/algo/allgather.cpp|s/ch\.read_peer\(peer, dst \+ off, theirs\.addr \+ off, len\)/ch.read_peer(peer, dst + off, theirs.addr + off, len - 1)/|test_single_copy|WorldSizes/SingleCopy.*"
   "a blocked wait does not drive the other groups' requests|src/core/group_impl.hpp|s/o\.others = others;/o.others = nullptr;/|test_engine|Requests.ProgressReachesTheOtherGroupsWhileBlocked"
   "the engine ignores the operation's deadline|src/engine/driver.cpp|s/if \(why\.ok\(\) && Clock::now\(\) > deadline_\)/if (false \&\& why.ok() \&\& Clock::now() > deadline_)/|test_engine|Deadline.*"

@@ -1,0 +1,42 @@
+// The fused op's GEMM: x2 converted to fp32 and packed once per call, rows of
+// x1 converted in cache-sized tiles inside the multiply (no fp32 copy of a
+// whole piece, no per-piece re-packing of x2 as a library GEMM call does).
+//
+// Layout: x2 (k x n, row-major) becomes ceil(n/16) panels of k x 16 fp32,
+// the last one zero-padded. A 6 x 16 register kernel (AVX2 + FMA) walks one
+// panel over kKc values of k at a time, so the panel's slice (16 KB) stays in
+// L1 while every 6-row tile of the piece passes over it.
+#pragma once
+
+#include <cstddef>
+
+#include "fastgather/tensor.hpp"
+
+namespace fastgather::ops {
+
+// The CPU has what the kernel needs (AVX2, FMA, F16C).
+bool packed_gemm_supported();
+
+class PackedGemm {
+ public:
+  // floats of scratch pack() and multiply() need for this shape.
+  static size_t scratch_floats(size_t k, size_t n);
+
+  // Converts and packs b (k x n of dtype) and bias (n of dtype, or null)
+  // into scratch, which must hold scratch_floats(k, n) and outlive this.
+  PackedGemm(DType dtype, const void* b, size_t k, size_t n, const void* bias, float* scratch);
+
+  // c (rows x n of dtype) = a (rows x k of dtype, row stride k) @ b + bias.
+  // a may be null when k == 0.
+  void multiply(const void* a, size_t rows, void* c);
+
+ private:
+  DType dtype_;
+  size_t k_, n_, panels_;
+  float* b_;     // panels_ * k_ * 16
+  float* bias_;  // panels_ * 16, zero when there is no bias
+  float* tile_;  // kRows x kKc: a tile of a converted to fp32
+  float* acc_;   // kChunk x panels_ * 16: the accumulators of a chunk of rows
+};
+
+}  // namespace fastgather::ops
