@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 
+#include <unistd.h>
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -32,10 +34,11 @@ const std::map<std::string, std::set<std::string>> kPublicAbove = {
     {"fastgather/fastgather.hpp", {}},
 };
 
-std::vector<std::string> violations() {
+// Scans root/src; `where` in each finding is relative to root.
+std::vector<std::string> violations(const fs::path& root = FG_SOURCE_DIR) {
   std::vector<std::string> bad;
   const std::regex include(R"re(^\s*#\s*include\s*"([^"/]+/[^"]+)")re");
-  for (const auto& entry : fs::recursive_directory_iterator(fs::path(FG_SOURCE_DIR) / "src")) {
+  for (const auto& entry : fs::recursive_directory_iterator(root / "src")) {
     if (!entry.is_regular_file()) continue;
     const std::string layer = entry.path().parent_path().filename().string();
     auto allowed = kMayInclude.find(layer);
@@ -49,7 +52,7 @@ std::vector<std::string> violations() {
       std::smatch m;
       if (!std::regex_search(line, m, include)) continue;
       const std::string target = m[1];
-      const std::string where = fs::relative(entry.path(), FG_SOURCE_DIR).string() + ":" + std::to_string(n);
+      const std::string where = fs::relative(entry.path(), root).string() + ":" + std::to_string(n);
       const std::string dir = target.substr(0, target.find('/'));
       if (dir == "fastgather") {
         auto above = kPublicAbove.find(target);
@@ -74,11 +77,17 @@ TEST(Layers, EachFolderIncludesOnlyWhatIsBelowIt) {
 }
 
 // The check itself must be able to fail: a file that reaches up is caught.
+// The probe goes into a copy of src/, not the tree itself, which the test
+// above may be scanning at the same time (ctest -j).
 TEST(Layers, TheCheckCatchesAnIncludeThatGoesUp) {
-  const fs::path probe = fs::path(FG_SOURCE_DIR) / "src" / "transport" / "zz_layer_probe.hpp";
+  const fs::path root = fs::temp_directory_path() / ("fg_layers_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  fs::copy(fs::path(FG_SOURCE_DIR) / "src", root / "src", fs::copy_options::recursive);
+  const fs::path probe = root / "src" / "transport" / "zz_layer_probe.hpp";
   { std::ofstream(probe) << "#include \"core/group_impl.hpp\"\n#include \"fastgather/ops.hpp\"\n"; }
-  const auto bad = violations();
-  fs::remove(probe);
+  const auto bad = violations(root);
+  fs::remove_all(root);
   ASSERT_EQ(bad.size(), 2u);
   EXPECT_NE(bad[0].find("zz_layer_probe.hpp:1 (transport) includes core/group_impl.hpp"), std::string::npos) << bad[0];
 }

@@ -26,7 +26,7 @@ using fgtest::fill_pattern;
 
 namespace {
 
-constexpr size_t kMin = 2 << 20;  // FG_SINGLE_COPY_MIN_BYTES's default
+constexpr size_t kMin = 1 << 20;  // FG_SINGLE_COPY_MIN_BYTES's default
 const std::vector<size_t> kSizes = {4097, kMin - 1, kMin, kMin + 1, (3 << 20) + 5};
 
 // process_vm_readv fails with EPERM from now on in this process.
@@ -44,7 +44,7 @@ void refuse_cma() {
 
 // Both forms of the all-gather at every size, every byte checked; whether
 // single copy was used must match `expect_single` for sizes from kMin. The
-// input is a Tensor (huge pages from 2 MiB), or with plain_input a
+// input is a Tensor (huge pages from 1 MiB), or with plain_input a
 // std::vector (4 KiB pages, which single copy reads slower than the ring).
 std::string gather_all_sizes(Group& g, bool expect_single, bool plain_input = false) {
   const int n = g.size();
@@ -84,7 +84,7 @@ std::string gather_all_sizes(Group& g, bool expect_single, bool plain_input = fa
 std::string fused_large(Group& g, bool expect_single) {
   const int w = g.size();
   const int64_t k = 97, n = 5;
-  for (int64_t m : {int64_t{700}, int64_t{6001}}) {  // 265 KB and 2.3 MB of x1 per rank
+  for (int64_t m : {int64_t{700}, int64_t{6001}}) {  // 265 KB and 2.3 MB of x1 per rank (either side of kMin)
     Tensor x1 = Tensor::empty(DType::kF32, {m, k}), x2 = Tensor::empty(DType::kF32, {k, n});
     auto a = [&](int src, int64_t i, int64_t l) { return static_cast<float>((i * 3 + l * 5 + src * 7) % 9) - 4; };
     for (int64_t i = 0; i < m; ++i) {

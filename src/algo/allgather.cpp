@@ -14,12 +14,11 @@
 namespace fastgather::algo {
 namespace {
 
-// Measured here (docs/benchmarks.md, "Single copy"): below this, the ring's
-// two copies of cache-resident bytes beat process_vm_readv, whose cost is
-// pinning the peer's pages (4 KiB ones below 2 MiB, where Tensor offers no
-// huge pages): 1.5 MB took 144-180 us by single copy, 101-109 us by the
-// ring; 3 MB 123-132 us against 287-382 us.
-constexpr size_t kSingleCopyMinBytes = 2 << 20;
+// Measured here (docs/benchmarks.md, "Single copy"): single copy pays for
+// memory on huge pages, which Tensor offers from 1 MiB; with it, 1.5 MB took
+// 62-73 us by single copy against 94-102 us by the ring with 2 ranks, and
+// 0.47-0.58 ms against 1.07-1.6 ms with 4 ranks on 2 cores.
+constexpr size_t kSingleCopyMinBytes = 1 << 20;
 
 constexpr ProtocolRule kRules[] = {
     {transport::kInlineBytes, Protocol::kInline, "inline"},

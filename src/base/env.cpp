@@ -30,7 +30,7 @@ constexpr EnvVar kTable[] = {
     {"FG_SINGLE_COPY", K::kWord, 0, 0, "auto|off|always",
      "auto: where every member can read every other, for huge-page memory",
      "large messages read straight from the peer's memory (CMA); always: also 4 KiB-page memory; off: the ring"},
-    {"FG_SINGLE_COPY_MIN_BYTES", K::kCount, 1, uint64_t{1} << 40, "", "2097152",
+    {"FG_SINGLE_COPY_MIN_BYTES", K::kCount, 1, uint64_t{1} << 40, "", "1048576",
      "bytes per member from which single copy is used"},
     {"FG_FUSED_GEMM", K::kWord, 0, 0, "packed|openblas", "packed where the CPU has AVX2+FMA+F16C and gemm_threads is 1",
      "the fused op's GEMM: x2 packed once per call with x1 converted in tiles, or OpenBLAS sgemm on fp32 copies"},
@@ -39,7 +39,7 @@ constexpr EnvVar kTable[] = {
     {"FG_BIND", K::kWord, 0, 0, "none|core", "core when ranks <= CPUs", "pin spawned ranks to CPUs, or not"},
     {"FG_HIER_MIN_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "65536", "across servers: bytes per rank from which the hierarchical schedule is used"},
     {"FG_NET_PIECE_BYTES", K::kCount, 4096, uint64_t{1} << 31, "", "1048576", "across servers: largest UCX message"},
-    {"FG_NO_HUGEPAGES", K::kFlag, 0, 0, "", "unset: tensors of 2 MiB and more get MADV_HUGEPAGE",
+    {"FG_NO_HUGEPAGES", K::kFlag, 0, 0, "", "unset: tensors of 1 MiB and more get MADV_HUGEPAGE",
      "Tensor: no huge-page alignment or advice"},
     {"FG_NO_MPIRUN", K::kFlag, 0, 0, "", "unset", "fg-bench: do not re-run under mpirun for the MPI comparator"},
 };

@@ -1,5 +1,5 @@
 // Memory this process asked to back with transparent huge pages (Tensor does
-// from 2 MiB on, with MADV_HUGEPAGE). Single copy (process_vm_readv) pins
+// from 1 MiB on, with MADV_HUGEPAGE). Single copy (process_vm_readv) pins
 // the owner's pages one by one: measured here, huge-page memory is read 1.9x
 // faster than by the ring, 4 KiB-page memory 10-40% slower (docs/benchmarks.md).
 // So an owner offers single copy only for memory it knows to be of the first kind.

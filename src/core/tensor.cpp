@@ -101,7 +101,8 @@ Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
   // not): fewer TLB misses when a collective streams them, and single copy
   // pins them cheaply (base/huge_pages.hpp).
   constexpr size_t kHuge = size_t{2} << 20;
-  const bool huge = bytes >= kHuge && !base::env_flag("FG_NO_HUGEPAGES");
+  constexpr size_t kHugeFrom = size_t{1} << 20;  // padding is at most about half the allocation
+  const bool huge = bytes >= kHugeFrom && !base::env_flag("FG_NO_HUGEPAGES");
   if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
   void* p = std::aligned_alloc(huge ? kHuge : 64, bytes == 0 ? 64 : bytes);
   if (p == nullptr) throw std::bad_alloc();
