@@ -2,6 +2,7 @@
 # One entry point for a fresh Debian 12 machine:
 #   scripts/run.sh bench [fg-bench args]  install deps, build, run fg-bench
 #   scripts/run.sh test                   install deps, build, run the tests
+#   scripts/run.sh bench-docs             the runs docs/benchmarks.md's generated part comes from
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,6 +75,19 @@ case "${1:-}" in
     build
     exec ./build/tools/fg-bench/fg-bench "$@"
     ;;
+  bench-docs)
+    deps
+    build
+    fg=./build/tools/fg-bench/fg-bench
+    $fg --compare --trials 3 --json docs/bench-2ranks.json --plot docs/fg-bench-2ranks.png >/dev/null
+    $fg --tp 1 --dp 4 --compare --trials 3 --json docs/bench-dp4.json >/dev/null
+    $fg --tp 2 --dp 2 --compare --trials 3 --json docs/bench-tp2dp2.json >/dev/null
+    FG_FUSED_GEMM=openblas FG_NO_MPIRUN=1 $fg --ops all_gather_matmul --compare --trials 3 --no-limits \
+      --json docs/bench-2ranks-openblas.json >/dev/null
+    python3 scripts/bench_doc.py docs/benchmarks.md "2 ranks (TP=1 DP=2)=docs/bench-2ranks.json" \
+      "4 ranks on 2 cores, TP=1 DP=4=docs/bench-dp4.json" "4 ranks on 2 cores, TP=2 DP=2=docs/bench-tp2dp2.json" \
+      "2 ranks, the fused op on OpenBLAS (FG_FUSED_GEMM=openblas)=docs/bench-2ranks-openblas.json"
+    ;;
   test)
     deps
     build
@@ -84,7 +98,7 @@ case "${1:-}" in
     mutations
     ;;
   *)
-    echo "usage: $0 bench [fg-bench args] | test" >&2
+    echo "usage: $0 bench [fg-bench args] | test | bench-docs" >&2
     exit 2
     ;;
 esac
