@@ -27,10 +27,14 @@ void note_huge_range(const void* begin, size_t bytes) {
   r.by_begin[b] = b + bytes;
 }
 
-void forget_huge_range(const void* begin) {
+size_t forget_huge_range(const void* begin) {
   Ranges& r = ranges();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.by_begin.erase(reinterpret_cast<uintptr_t>(begin));
+  auto it = r.by_begin.find(reinterpret_cast<uintptr_t>(begin));
+  if (it == r.by_begin.end()) return 0;
+  const size_t bytes = it->second - it->first;
+  r.by_begin.erase(it);
+  return bytes;
 }
 
 bool in_huge_range(const void* p, size_t bytes) {

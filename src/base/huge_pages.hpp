@@ -10,7 +10,8 @@
 namespace fastgather::base {
 
 void note_huge_range(const void* begin, size_t bytes);
-void forget_huge_range(const void* begin);
+// The bytes noted for the range that starts at begin (0: none), now forgotten.
+size_t forget_huge_range(const void* begin);
 // Whether [p, p+bytes) lies within one noted range.
 bool in_huge_range(const void* p, size_t bytes);
 
