@@ -45,14 +45,14 @@ def rows_by(data, op):
     return dict(sorted(out.items()))
 
 
-def table(data, op, others):
+def table(data, op, others, with_limits=True):
     rows = rows_by(data, op)
     if not rows:
         return []
     present = [o for o in others if any(o in v for v in rows.values())]
     head = "| per rank | fastgather (trials) | " + " | ".join(f"{o} (trials)" for o in present)
-    head += " | " + " | ".join(f"{o}/fastgather" for o in present) + " | limit | % of limit |"
-    lines = [head, "|---:" * (3 + 2 * len(present) + 1) + "|"]
+    head += " | " + " | ".join(f"{o}/fastgather" for o in present) + " |" + (" limit | % of limit |" if with_limits else "")
+    lines = [head, "|---:" * (1 + 2 * len(present) + 1 + (2 if with_limits else 0)) + "|"]
     for b, impls in rows.items():
         fg = impls.get("fastgather")
         if fg is None:
@@ -62,9 +62,10 @@ def table(data, op, others):
             cells.append(us(impls[o]["median_us"]) + spread(impls[o]) if o in impls else "-")
         for o in present:
             cells.append(f"{impls[o]['median_us'] / fg['median_us']:.2f}" if o in impls and fg["median_us"] > 0 else "-")
-        lim = fg.get("limit_us")
-        cells.append(us(lim) if lim else "-")
-        cells.append(f"{fg['pct_of_limit']:.0f}%" if fg.get("pct_of_limit") else "-")
+        if with_limits:
+            lim = fg.get("limit_us")
+            cells.append(us(lim) if lim else "-")
+            cells.append(f"{fg['pct_of_limit']:.0f}%" if fg.get("pct_of_limit") else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -150,7 +151,7 @@ def main():
             ("all_gather_list", ["staged"], "all_gather, list form"),
             ("all_gather_matmul", ["unfused"], f"all_gather_matmul ({c['mm_dtype']}, hidden {c['hidden']}, n={c['n']})"),
         ):
-            t = table(data, op, others)
+            t = table(data, op, others, c["world"] <= c["cores"] and bool(c.get("limits")))
             if t:
                 parts += [f"**{title}**", ""] + t + [""]
     parts.append(END)
