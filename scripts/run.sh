@@ -84,9 +84,7 @@ case "${1:-}" in
     $fg --tp 2 --dp 2 --compare --trials 3 --json docs/bench-tp2dp2.json >/dev/null
     FG_FUSED_GEMM=openblas FG_NO_MPIRUN=1 $fg --ops all_gather_matmul --compare --trials 3 --no-limits \
       --json docs/bench-2ranks-openblas.json >/dev/null
-    python3 scripts/bench_doc.py docs/benchmarks.md "2 ranks (TP=1 DP=2)=docs/bench-2ranks.json" \
-      "4 ranks on 2 cores, TP=1 DP=4=docs/bench-dp4.json" "4 ranks on 2 cores, TP=2 DP=2=docs/bench-tp2dp2.json" \
-      "2 ranks, the fused op on OpenBLAS (FG_FUSED_GEMM=openblas)=docs/bench-2ranks-openblas.json"
+    python3 scripts/bench_doc.py docs/benchmarks.md  # the four runs above (bench_doc.RUNS)
     ;;
   test)
     deps
