@@ -92,7 +92,9 @@ Status all_gather(Group& group, const TensorView& input, std::span<const TensorV
 
 struct AllGatherMatmulOptions {
   bool gather_output = true;  // fill gather_out = allgather(x1)
-  int gemm_threads = 1;       // OpenBLAS threads for this call
+  // 1: the op's own packed single-thread GEMM (where the CPU has AVX2+FMA+F16C,
+  // unless FG_FUSED_GEMM=openblas); more: OpenBLAS sgemm with that many threads.
+  int gemm_threads = 1;
   AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;  // kRing is not offered here
   CallStats* stats = nullptr;
 };
