@@ -21,6 +21,7 @@ RUNS = [
     ("2 ranks (TP=1 DP=2)", "docs/bench-2ranks.json"),
     ("4 ranks on 2 cores, TP=1 DP=4", "docs/bench-dp4.json"),
     ("4 ranks on 2 cores, TP=2 DP=2", "docs/bench-tp2dp2.json"),
+    ("6 ranks on 2 cores, TP=1 DP=6", "docs/bench-dp6.json"),
     ("2 ranks, the fused op on OpenBLAS (FG_FUSED_GEMM=openblas)", "docs/bench-2ranks-openblas.json"),
 ]
 COMMIT_PREFIX = "Measured with"  # the line that names the commit: --check ignores it

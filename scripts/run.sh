@@ -82,9 +82,10 @@ case "${1:-}" in
     $fg --compare --trials 3 --json docs/bench-2ranks.json --plot docs/fg-bench-2ranks.png >/dev/null
     $fg --tp 1 --dp 4 --compare --trials 3 --json docs/bench-dp4.json >/dev/null
     $fg --tp 2 --dp 2 --compare --trials 3 --json docs/bench-tp2dp2.json >/dev/null
+    $fg --tp 1 --dp 6 --compare --trials 3 --json docs/bench-dp6.json >/dev/null
     FG_FUSED_GEMM=openblas FG_NO_MPIRUN=1 $fg --ops all_gather_matmul --compare --trials 3 --no-limits \
       --json docs/bench-2ranks-openblas.json >/dev/null
-    python3 scripts/bench_doc.py docs/benchmarks.md  # the four runs above (bench_doc.RUNS)
+    python3 scripts/bench_doc.py docs/benchmarks.md  # the five runs above (bench_doc.RUNS)
     ;;
   test)
     deps
