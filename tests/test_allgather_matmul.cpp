@@ -128,7 +128,7 @@ class Fused : public ::testing::TestWithParam<std::tuple<DType, int, const char*
 
 TEST_P(Fused, MatchesReferenceGemm) {
   const auto [dtype, world, gemm] = GetParam();
-  ::setenv("FG_FUSED_GEMM", gemm, 1);  // read by each call, in the rank processes forked below
+  ::setenv("FG_FUSED_GEMM", gemm, 1);  // read once per process: by the rank processes forked below
   const std::vector<Case> cases = {
       {dtype, 5, 64, 16, false, true, ""},
       {dtype, 5, 64, 16, true, true, ""},

@@ -30,10 +30,13 @@ void set_blas_threads(int threads) {
 }
 
 // FG_FUSED_GEMM: the packed kernel (gemm.hpp) where the CPU has it and one
-// thread multiplies; OpenBLAS's sgemm on fp32 copies otherwise.
+// thread multiplies; OpenBLAS's sgemm on fp32 copies otherwise. Read once per
+// process, like the other settings, not on every call.
 bool use_packed_gemm(const AllGatherMatmulOptions& options) {
-  auto w = base::env_word("FG_FUSED_GEMM");  // checked by base::check_environment()
-  const bool asked_blas = w.ok() && w.value() && *w.value() == "openblas";
+  static const bool asked_blas = [] {
+    auto w = base::env_word("FG_FUSED_GEMM");  // checked by base::check_environment()
+    return w.ok() && w.value() && *w.value() == "openblas";
+  }();
   return !asked_blas && options.gemm_threads <= 1 && ops::packed_gemm_supported();
 }
 
