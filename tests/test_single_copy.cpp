@@ -28,6 +28,8 @@ namespace {
 
 constexpr size_t kMin = 1 << 20;  // FG_SINGLE_COPY_MIN_BYTES's default
 const std::vector<size_t> kSizes = {4097, kMin - 1, kMin, kMin + 1, (3 << 20) + 5};
+// Also either side of where a symmetric input is read in place (4 KiB).
+const std::vector<size_t> kSymmetricSizes = {1, 31, 4095, 4096, 4097, 40001, kMin - 1, kMin, kMin + 1, (3 << 20) + 5};
 
 // process_vm_readv fails with EPERM from now on in this process.
 void refuse_cma() {
@@ -42,22 +44,40 @@ void refuse_cma() {
   ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
 }
 
+// Where an input lives: a Tensor (huge pages from 1 MiB), a std::vector
+// (4 KiB pages, which CMA reads slower than the ring), or the group's
+// symmetric heap (Group::empty: peers read it in place).
+enum class Input { kTensor, kPlain, kSymmetric };
+
 // Both forms of the all-gather at every size, every byte checked; whether
-// single copy was used must match `expect_single` for sizes from kMin. The
-// input is a Tensor (huge pages from 1 MiB), or with plain_input a
-// std::vector (4 KiB pages, which single copy reads slower than the ring).
-std::string gather_all_sizes(Group& g, bool expect_single, bool plain_input = false) {
+// single copy was used must match `expect_single` for sizes from kMin. A
+// symmetric input is overwritten as soon as each call returns: a peer still
+// reading it then would get those bytes.
+std::string gather_all_sizes(Group& g, bool expect_single, Input input = Input::kTensor,
+                             const std::vector<size_t>& sizes = kSizes) {
   const int n = g.size();
   uint64_t it = 0;
-  for (size_t bytes : kSizes) {
+  for (size_t bytes : sizes) {
     ++it;
-    Tensor tensor = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
-    std::vector<char> plain(plain_input ? bytes : 0);
-    const TensorView in = plain_input ? TensorView(plain.data(), DType::kU8, {static_cast<int64_t>(bytes)}) : tensor.view();
+    const int64_t len = static_cast<int64_t>(bytes);
+    Tensor tensor;
+    if (input == Input::kSymmetric) {
+      auto t = g.empty(DType::kU8, {len});
+      RANK_OK(t.status());
+      tensor = std::move(t).value();
+    } else {
+      tensor = Tensor::empty(DType::kU8, {len});
+    }
+    std::vector<char> plain(input == Input::kPlain ? bytes : 0);
+    const TensorView in = input == Input::kPlain ? TensorView(plain.data(), DType::kU8, {len}) : tensor.view();
+    auto spoil = [&] {
+      if (input == Input::kSymmetric) std::memset(in.data, 0xA5, bytes);
+    };
     fill_pattern(in.data, bytes, g.ranks()[g.rank()], it);
     Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * n});
     CallStats st;
     RANK_OK(all_gather(g, in, out.view(), {.stats = &st}));
+    spoil();
     RANK_CHECK(st.single_copy == (expect_single && bytes >= kMin), "{} bytes: single copy {}", bytes, st.single_copy);
     for (int i = 0; i < n; ++i) {
       const long long bad = check_pattern(out.data_as<char>() + static_cast<size_t>(i) * bytes, bytes, g.ranks()[i], it);
@@ -69,7 +89,9 @@ std::string gather_all_sizes(Group& g, bool expect_single, bool plain_input = fa
       outs.push_back(Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)}));
       views.push_back(outs.back().view());
     }
+    fill_pattern(in.data, bytes, g.ranks()[g.rank()], it);
     RANK_OK(all_gather(g, in, std::span<const TensorView>(views), {.stats = &st}));
+    spoil();
     RANK_CHECK(st.single_copy == (expect_single && bytes >= kMin), "list, {} bytes: single copy {}", bytes, st.single_copy);
     for (int i = 0; i < n; ++i) {
       const long long bad = check_pattern(outs[i].data(), bytes, g.ranks()[i], it);
@@ -81,22 +103,31 @@ std::string gather_all_sizes(Group& g, bool expect_single, bool plain_input = fa
 
 // The fused op, fp32 with small integers (exact), with and without
 // gather_out, against the product computed here.
-std::string fused_large(Group& g, bool expect_single) {
+std::string fused_large(Group& g, bool expect_single, Input input = Input::kTensor) {
   const int w = g.size();
   const int64_t k = 97, n = 5;
   for (int64_t m : {int64_t{700}, int64_t{6001}}) {  // 265 KB and 2.3 MB of x1 per rank (either side of kMin)
     Tensor x1 = Tensor::empty(DType::kF32, {m, k}), x2 = Tensor::empty(DType::kF32, {k, n});
-    auto a = [&](int src, int64_t i, int64_t l) { return static_cast<float>((i * 3 + l * 5 + src * 7) % 9) - 4; };
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t l = 0; l < k; ++l) x1.data_as<float>()[i * k + l] = a(g.ranks()[g.rank()], i, l);
+    if (input == Input::kSymmetric) {
+      auto t = g.empty(DType::kF32, {m, k});
+      RANK_OK(t.status());
+      x1 = std::move(t).value();
     }
+    auto a = [&](int src, int64_t i, int64_t l) { return static_cast<float>((i * 3 + l * 5 + src * 7) % 9) - 4; };
+    auto fill_x1 = [&] {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t l = 0; l < k; ++l) x1.data_as<float>()[i * k + l] = a(g.ranks()[g.rank()], i, l);
+      }
+    };
     for (int64_t l = 0; l < k * n; ++l) x2.data_as<float>()[l] = static_cast<float>(l % 5) - 2;
     for (bool gather_output : {true, false}) {
       Tensor out = Tensor::empty(DType::kF32, {m * w, n});
       Tensor go = gather_output ? Tensor::empty(DType::kF32, {m * w, k}) : Tensor();
       CallStats st;
+      fill_x1();
       RANK_OK(all_gather_matmul(g, x1.view(), x2.view(), std::nullopt, out.view(), go.view(),
                                 {.gather_output = gather_output, .stats = &st}));
+      if (input == Input::kSymmetric) std::memset(x1.data(), 0xA5, x1.nbytes());  // a late reader would see this
       const bool big = static_cast<size_t>(m * k) * sizeof(float) >= kMin;
       RANK_CHECK(st.single_copy == (expect_single && big), "m={} gather_output={}: single copy {}", m, gather_output,
                  st.single_copy);
@@ -120,12 +151,13 @@ std::string fused_large(Group& g, bool expect_single) {
   return "";
 }
 
-std::string body(const Config& c, bool expect_single, bool refuse_here) {
+std::string body(const Config& c, bool expect_single, bool refuse_here, Input input = Input::kTensor) {
   if (refuse_here) refuse_cma();
   auto comm = Communicator::create(c);
   RANK_OK(comm.status());
-  if (auto e = gather_all_sizes((*comm)->world(), expect_single); !e.empty()) return e;
-  return fused_large((*comm)->world(), expect_single);
+  if (input == Input::kSymmetric) RANK_CHECK((*comm)->world().has_symmetric_heap(), "no symmetric heap");
+  if (auto e = gather_all_sizes((*comm)->world(), expect_single, input, kSymmetricSizes); !e.empty()) return e;
+  return fused_large((*comm)->world(), expect_single, input);
 }
 
 }  // namespace
@@ -161,7 +193,7 @@ TEST(SingleCopyPages, PlainMemoryGoesThroughTheRing) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), false, true);
+    return gather_all_sizes((*comm)->world(), false, Input::kPlain);
   }));
 }
 
@@ -170,7 +202,7 @@ TEST(SingleCopyPages, AlwaysReadsPlainMemoryBySingleCopy) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), true, true);
+    return gather_all_sizes((*comm)->world(), true, Input::kPlain);
   }));
 }
 
@@ -178,7 +210,7 @@ TEST(SingleCopyPages, OneRanksPlainMemorySendsEveryoneToTheRing) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), false, c.rank == 1);
+    return gather_all_sizes((*comm)->world(), false, c.rank == 1 ? Input::kPlain : Input::kTensor);
   }));
 }
 
@@ -195,5 +227,123 @@ TEST(SingleCopyFallback, MismatchOnTheSingleCopyPathLeavesTheGroupUsable) {
     Status s = all_gather(g, in.view(), out.view());
     RANK_CHECK(s.kind() == ErrorKind::kMismatch, "{}", s.to_string());
     return gather_all_sizes(g, true);
+  }));
+}
+
+// Symmetric inputs (Group::empty): read in place by the peers, below kMin
+// through the ring path's posts, from kMin through single copy's offers (or
+// the ring path when single copy is off or refused); every byte, both forms
+// and the fused op, each input overwritten as soon as its call returns.
+class Symmetric : public ::testing::TestWithParam<int> {};
+
+TEST_P(Symmetric, EveryByteBothFormsAndTheFusedOp) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return body(c, true, false, Input::kSymmetric); }));
+}
+
+// 2 ranks, and 3 and 5 on 2 cores.
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Symmetric, ::testing::Values(2, 3, 5));
+
+TEST(SymmetricFallback, SingleCopyOffReadsInPlaceThroughTheRingPath) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_SINGLE_COPY", "off"}});
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kSymmetric); }));
+}
+
+TEST(SymmetricFallback, CmaRefusedReadsInPlaceThroughTheRingPath) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, true, Input::kSymmetric); }));
+}
+
+// Steps of 16 KiB: a block in place spans many steps, each posting where its piece is.
+TEST(SymmetricFallback, SmallRingManyStepsInPlace) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_RING_BYTES", "65536"},
+                         std::pair<const char*, const char*>{"FG_SINGLE_COPY", "off"}});
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kSymmetric); }));
+}
+
+// One member's input is private, the others' symmetric: each block is read
+// where its owner put it, and the owners in place still wait for their readers.
+TEST(SymmetricMixed, OnePrivateInputAmongSymmetricOnes) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    return gather_all_sizes((*comm)->world(), true, c.rank == 1 ? Input::kTensor : Input::kSymmetric, kSymmetricSizes);
+  }));
+}
+
+// A tensor from another group's heap is private memory to this group.
+TEST(SymmetricMixed, AnotherGroupsHeapIsPrivateHere) {
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    auto tp = (*comm)->tp_group_of_dp(2, 2);  // {0,2} and {1,3}
+    RANK_OK(tp.status());
+    Group& w = (*comm)->world();
+    for (size_t bytes : {size_t{40001}, (size_t{1} << 20) + 1}) {
+      auto in = (*tp.value()).empty(DType::kU8, {static_cast<int64_t>(bytes)});
+      RANK_OK(in.status());
+      fill_pattern(in.value().data(), bytes, c.rank, bytes);
+      Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * 4});
+      RANK_OK(all_gather(w, in.value().view(), out.view()));
+      for (int i = 0; i < 4; ++i) {
+        const long long bad = check_pattern(out.data_as<char>() + static_cast<size_t>(i) * bytes, bytes, i, bytes);
+        RANK_CHECK(bad < 0, "{} bytes: block of rank {} wrong at byte {}", bytes, i, bad);
+      }
+    }
+    return "";
+  }));
+}
+
+// The heap: a clear error when full, room again once tensors are freed,
+// tensors that outlive their group and communicator, bad shapes refused.
+TEST(SymmetricHeap, FullFreedReusedAndOutlivingTheGroup) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_SYMMETRIC_BYTES", "1048576"}});
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    Tensor kept;
+    {
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      Group& g = (*comm)->world();
+      RANK_CHECK(g.has_symmetric_heap(), "no heap");
+      auto a = g.empty(DType::kF32, {128, 1024});  // 512 KiB
+      RANK_OK(a.status());
+      auto b = g.empty(DType::kU8, {300 << 10});
+      RANK_OK(b.status());
+      auto c3 = g.empty(DType::kU8, {300 << 10});
+      RANK_CHECK(c3.status().kind() == ErrorKind::kResourceExhausted, "third block: {}", c3.status().to_string());
+      RANK_CHECK(c3.status().message().find("FG_SYMMETRIC_BYTES") != std::string::npos, "{}", c3.status().message());
+      auto big = g.empty(DType::kU8, {2 << 20});
+      RANK_CHECK(big.status().kind() == ErrorKind::kResourceExhausted, "{}", big.status().to_string());
+      auto neg = g.empty(DType::kU8, {-1});
+      RANK_CHECK(neg.status().kind() == ErrorKind::kInvalidArgument, "{}", neg.status().to_string());
+      a = Status{ErrorKind::kSystem, "dropped"};  // frees the 512 KiB block
+      auto again = g.empty(DType::kU8, {500 << 10});
+      RANK_OK(again.status());
+      kept = std::move(b).value();
+      fill_pattern(kept.data(), kept.nbytes(), c.rank, 7);
+      Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(kept.nbytes()) * 2});
+      RANK_OK(all_gather(g, kept.view(), out.view()));
+      for (int i = 0; i < 2; ++i) {
+        const long long bad = check_pattern(out.data_as<char>() + i * kept.nbytes(), kept.nbytes(), i, 7);
+        RANK_CHECK(bad < 0, "block of rank {} wrong at byte {}", i, bad);
+      }
+      RANK_OK((*comm)->finalize());
+    }
+    // The communicator is gone; the tensor and its memory are not.
+    fill_pattern(kept.data(), kept.nbytes(), c.rank, 8);
+    RANK_CHECK(check_pattern(kept.data(), kept.nbytes(), c.rank, 8) < 0, "tensor unreadable after the group");
+    return "";
+  }));
+}
+
+TEST(SymmetricHeap, NoneWhenTurnedOffOrAlone) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_SYMMETRIC_BYTES", "0"}});
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    RANK_CHECK(!g.has_symmetric_heap(), "a heap with FG_SYMMETRIC_BYTES=0");
+    auto t = g.empty(DType::kF32, {3, 5});
+    RANK_OK(t.status());
+    RANK_CHECK(t.value().nbytes() == 60, "{} bytes", t.value().nbytes());
+    return gather_all_sizes(g, true, Input::kSymmetric, {1, 40001, kMin + 1});
   }));
 }

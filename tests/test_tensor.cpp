@@ -46,7 +46,9 @@ TEST(BFloat16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
   for (uint32_t b = 0; b < 65536; ++b) {
     const float f = bf16_to_float(static_cast<uint16_t>(b));
-    if (!std::isnan(f)) ASSERT_EQ(float_to_bf16(f), b);
+    if (!std::isnan(f)) {
+      ASSERT_EQ(float_to_bf16(f), b);
+    }
   }
 }
 

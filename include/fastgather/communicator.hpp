@@ -9,6 +9,7 @@
 
 #include "fastgather/status.hpp"
 #include "fastgather/store.hpp"
+#include "fastgather/tensor.hpp"
 
 namespace fastgather {
 
@@ -105,6 +106,18 @@ class Group {
   int size() const;
   const std::vector<int>& ranks() const;  // world ranks, ascending
   std::string describe() const;           // "group [0,2,4]"
+
+  // A tensor in this group's symmetric heap (this rank's region of it):
+  // the group's collectives read it where it is, so a gather from it copies
+  // each byte once instead of twice (docs/architecture.md, "Symmetric
+  // inputs"). Not collective; freed like any Tensor, and it may outlive the
+  // group. kResourceExhausted when this rank's region (FG_SYMMETRIC_BYTES)
+  // or /dev/shm is full; kInvalidArgument for a negative or overflowing
+  // shape. A group with no heap (one member on this server, or
+  // FG_SYMMETRIC_BYTES=0) returns an ordinary Tensor::empty.
+  Result<Tensor> empty(DType dtype, std::vector<int64_t> shape);
+  // Whether empty() allocates from a symmetric heap.
+  bool has_symmetric_heap() const;
 
   ~Group();
   Group(const Group&) = delete;

@@ -54,8 +54,18 @@ class Tensor {
   const std::vector<int64_t>& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
 
+  // Storage that a library object owns (a group's symmetric heap): the
+  // tensor keeps it alive and gives its block back when freed.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    virtual void release(void* block) noexcept = 0;
+  };
+
  private:
+  friend struct TensorAccess;  // the library's own code, not a user's
   struct Free {
+    std::shared_ptr<Owner> owner;  // null: from Tensor::empty
     void operator()(void* p) const;
   };
   std::unique_ptr<std::byte[], Free> data_;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -19,6 +20,13 @@ namespace {
 // 62-73 us by single copy against 94-102 us by the ring with 2 ranks, and
 // 0.47-0.58 ms against 1.07-1.6 ms with 4 ranks on 2 cores.
 constexpr size_t kSingleCopyMinBytes = 1 << 20;
+
+// From this size a block in its owner's symmetric heap is read there, in
+// place, for one more round at the end ("done reading") instead of a copy
+// into the ring. Measured here (docs/benchmarks.md, "Symmetric inputs"):
+// 2 ranks, 1-2 KB took 0.6-1.1 us either way, 4-16 KB 0.7-1.1 us in place
+// against 0.7-1.4 us through the ring, 96 KB 2.7-3.9 against 6.4-6.5.
+constexpr size_t kInPlaceMinBytes = 4 << 10;
 
 constexpr ProtocolRule kRules[] = {
     {transport::kInlineBytes, Protocol::kInline, "inline"},
@@ -73,7 +81,7 @@ std::span<const ProtocolRule> protocol_table() { return kRules; }
 
 transport::PostHeader header_of(const GatherCall& call) {
   return {call.bytes, call.aux, static_cast<uint8_t>(call.op), static_cast<uint8_t>(call.schedule),
-          static_cast<uint16_t>(call.dtype), 0};
+          static_cast<uint8_t>(call.dtype), 0, 0};
 }
 
 const ProtocolRule& choose_protocol(size_t bytes) {
@@ -97,12 +105,21 @@ namespace {
 engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
                               Protocol protocol, CopyIn how, const std::byte* data, size_t len, bool first,
                               std::string* mismatch, int* disagreeing, FunctionRef<void()> posted,
-                              FunctionRef<void(int peer, const std::byte* src)> take) {
+                              FunctionRef<void(int peer, const std::byte* src)> take, bool* in_place = nullptr) {
   const int n = ch.members();
   const int me = ch.me();
   const uint64_t step = ch.next_step();
+  std::optional<uint64_t> at_heap;
+  if (in_place != nullptr && len != 0 && call.bytes >= kInPlaceMinBytes && ch.heap() != nullptr) {
+    at_heap = ch.heap()->own_offset(data, len);
+  }
   if (protocol == Protocol::kInline) {
     ch.post(step, mine, data, len);
+  } else if (at_heap) {  // the bytes are in this member's heap region: peers read them there
+    mine.in_heap = 1;
+    mine.offset = static_cast<uint32_t>(*at_heap);
+    ch.post(step, mine);
+    *in_place = true;
   } else {
     uint32_t at = 0;
     std::byte* dst = ch.claim(len, &at);
@@ -116,19 +133,22 @@ engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call,
     const int peer = (me + i) % n;
     auto line = co_await engine::arrival(ch, peer, step);
     if (!line.ok()) co_return line.status();
-    if (first) compare(ch, call, mine, peer, line.value()->header, mismatch);
+    const transport::PostHeader& theirs = line.value()->header;
+    if (first) compare(ch, call, mine, peer, theirs, mismatch);
     if (first && disagreeing != nullptr && *disagreeing < 0 && !mismatch->empty()) *disagreeing = ch.world_rank(peer);
+    if (in_place != nullptr && theirs.in_heap != 0) *in_place = true;
     if (!mismatch->empty() || len == 0) continue;
     take(peer, protocol == Protocol::kInline ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
-                                             : ch.member_data(peer, line.value()->header.offset));
+                                             : ch.member_data(peer, theirs));
   }
   co_return Status::Ok();
 }
 
 // What an owner posts inline in the first step of single copy.
 struct Offer {
-  uint64_t addr;    // its input, in its address space
-  uint8_t readable;  // 1: worth reading by single copy (huge pages, or FG_SINGLE_COPY=always)
+  uint64_t addr;     // its input: in its address space, or (in_heap) in its heap region
+  uint8_t readable;  // 1: worth reading by single copy (heap, huge pages, or FG_SINGLE_COPY=always)
+  uint8_t in_heap;   // 1: read it in the heap, with memcpy; 0: with process_vm_readv
 };
 static_assert(sizeof(Offer) <= transport::kInlineBytes);
 
@@ -149,8 +169,10 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
   const int n = ch.members();
   const int me = ch.me();
   Offer offer{};
-  offer.addr = reinterpret_cast<uint64_t>(call.input);
-  offer.readable = single_copy_mode() == SingleCopyMode::kAlways || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
+  const std::optional<uint64_t> at_heap = ch.heap() != nullptr ? ch.heap()->own_offset(call.input, call.bytes) : std::nullopt;
+  offer.addr = at_heap ? *at_heap : reinterpret_cast<uint64_t>(call.input);
+  offer.in_heap = at_heap ? 1 : 0;
+  offer.readable = at_heap || single_copy_mode() == SingleCopyMode::kAlways || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
   bool all_readable = offer.readable != 0;
   auto own = [&] { sink(me, 0, call.input, call.bytes); };
   auto note_offer = [&](int, const std::byte* src) {
@@ -175,7 +197,11 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
     std::byte* dst = (*call.landing)(peer);
     for (size_t off = 0; off < call.bytes; off += piece) {
       const size_t len = std::min(piece, call.bytes - off);
-      if (Status r = ch.read_peer(peer, dst + off, theirs.addr + off, len); !r.ok()) co_return r;
+      if (theirs.in_heap != 0) {
+        std::memcpy(dst + off, ch.heap()->member_data(peer, theirs.addr + off), len);
+      } else if (Status r = ch.read_peer(peer, dst + off, theirs.addr + off, len); !r.ok()) {
+        co_return r;
+      }
       sink(peer, off, dst + off, len);
     }
   }
@@ -252,6 +278,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
   // Sends `from` (call.bytes of it) in chunks, one lockstep step each, and
   // hands what arrives to take(peer, offset, src, len).
   using Take = FunctionRef<void(int peer, size_t offset, const std::byte* src, size_t len)>;
+  bool in_place = false;  // some member's block was read in its heap: everyone says "done" at the end
   auto send_in_steps = [&](const std::byte* from, Take take) -> engine::Task<Status> {
     for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
       const size_t len = std::min(chunk, call.bytes - off);
@@ -261,7 +288,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
       };
       auto take_step = [&](int peer, const std::byte* src) { take(peer, off, src, len); };
       Status s = co_await lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, &disagreeing,
-                                   posted, take_step);
+                                   posted, take_step, &in_place);
       if (!s.ok()) co_return s;
       if (!mismatch.empty()) co_return failed();
       first = false;
@@ -288,6 +315,16 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
     // One-shot: every member's chunk goes to every peer in the same step.
     auto take = [&](int peer, size_t off, const std::byte* src, size_t len) { sink(peer, off, src, len); };
     Status s = co_await send_in_steps(call.input, take);
+    if (!s.ok()) co_return s;
+  }
+  if (in_place) {
+    // An owner's block stays valid until every peer has read it: nobody
+    // leaves before everyone has posted this step (the same decision on
+    // every member, from the same headers).
+    auto nothing = [] {};
+    auto none = [](int, const std::byte*) {};
+    Status s = co_await lockstep(ch, call, mine, Protocol::kInline, CopyIn::kCached, nullptr, 0, false, &mismatch,
+                                 &disagreeing, nothing, none);
     if (!s.ok()) co_return s;
   }
   if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {

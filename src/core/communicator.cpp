@@ -20,6 +20,7 @@
 #include "base/env.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "core/group_impl.hpp"
+#include "core/tensor_access.hpp"
 #include "engine/driver.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
@@ -113,6 +114,42 @@ int Group::rank() const { return impl_->me; }
 int Group::size() const { return static_cast<int>(impl_->ranks.size()); }
 const std::vector<int>& Group::ranks() const { return impl_->ranks; }
 std::string Group::describe() const { return impl_->label; }
+bool Group::has_symmetric_heap() const { return impl_->heap != nullptr; }
+
+Result<Tensor> Group::empty(DType dtype, std::vector<int64_t> shape) {
+  auto bytes = TensorAccess::bytes_of(dtype, shape);
+  if (!bytes.ok()) return Status{bytes.status().kind(), fmt::format("{}: empty: {}", impl_->label, bytes.status().message())};
+  if (impl_->heap == nullptr) {
+    try {
+      return Tensor::empty(dtype, std::move(shape));
+    } catch (const std::bad_alloc&) {
+      return Status{ErrorKind::kResourceExhausted, fmt::format("{}: empty: out of memory for {} bytes", impl_->label, bytes.value())};
+    }
+  }
+  auto block = impl_->heap->allocate(bytes.value());
+  if (!block.ok()) return Status{block.status().kind(), fmt::format("{}: empty: {}", impl_->label, block.status().message())};
+  return TensorAccess::adopt(block.value(), dtype, std::move(shape), impl_->heap_owner);
+}
+
+namespace {
+
+// Gives blocks back to the heap it keeps alive.
+class HeapOwner final : public Tensor::Owner {
+ public:
+  explicit HeapOwner(std::shared_ptr<transport::ShmHeap> heap) : heap_(std::move(heap)) {}
+  void release(void* block) noexcept override { heap_->release(static_cast<std::byte*>(block)); }
+
+ private:
+  std::shared_ptr<transport::ShmHeap> heap_;
+};
+
+size_t symmetric_bytes_from_env() {
+  // Checked by base::check_environment() in Communicator::create.
+  constexpr size_t kDefault = size_t{1} << 30;
+  return base::env_count_or("FG_SYMMETRIC_BYTES", kDefault) / transport::ShmHeap::kBlockAlign * transport::ShmHeap::kBlockAlign;
+}
+
+}  // namespace
 
 // ------------------------------------------------------------ Communicator
 
@@ -526,6 +563,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   const size_t bytes = transport::ShmChannel::segment_bytes(local_n, ring);
 
   Result<transport::ShmSegment> seg = Status{ErrorKind::kSystem, "unset"};
+  std::shared_ptr<transport::ShmHeap> heap;
   if (local_me == 0) {
     if (Status s = check_shm_room(bytes, local_n, ring); !s.ok()) {
       // Members waiting for the segment's name learn why it will not come.
@@ -536,6 +574,21 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     seg = transport::ShmSegment::create(name, bytes);
     if (!seg.ok()) return where(seg.status());
     transport::ShmChannel::format(seg.value().data(), local_n, ring);
+    // The heap's segment is named after the ring's; its region size travels
+    // with the name, so that every member lays it out as the creator did.
+    const size_t region = local_n > 1 ? symmetric_bytes_from_env() : 0;
+    std::string heap_value = "-";
+    if (region != 0) {
+      auto hs = transport::ShmSegment::create(name + "h", transport::ShmHeap::segment_bytes(local_n, region),
+                                              transport::ShmSegment::Pages::kOnDemand);
+      if (!hs.ok()) {
+        (void)store->set(local_key + "/name", "!" + hs.status().message());
+        return where(hs.status());
+      }
+      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_n, local_me, region);
+      heap_value = fmt::format("{} {}", name + "h", region);
+    }
+    if (Status s = store->set(local_key + "/heap", heap_value); !s.ok()) return where(s);
     if (Status s = store->set(local_key + "/name", name); !s.ok()) return where(s);
   } else {
     auto name = store->get(local_key + "/name", dl);
@@ -549,6 +602,17 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     }
     seg = transport::ShmSegment::open(name.value(), bytes);
     if (!seg.ok()) return where(seg.status());
+    auto heap_value = store->get(local_key + "/heap", dl);  // set before the name
+    if (!heap_value.ok()) return where(heap_value.status());
+    if (heap_value.value() != "-") {
+      const std::string& v = heap_value.value();
+      const auto space = v.find(' ');
+      const size_t region = space == std::string::npos ? 0 : std::stoull(v.substr(space + 1));
+      auto hs = transport::ShmSegment::open(v.substr(0, space), transport::ShmHeap::segment_bytes(local_n, region),
+                                            transport::ShmSegment::Pages::kOnDemand);
+      if (!hs.ok()) return where(hs.status());
+      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_n, local_me, region);
+    }
   }
 
   auto impl = std::make_unique<Group::Impl>();
@@ -563,6 +627,11 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->aborted = &aborted;
   impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, label);
   if (Status s = impl->channel->check_format(); !s.ok()) return where(s);
+  if (heap != nullptr) {
+    impl->channel->set_heap(heap.get());
+    impl->heap_owner = std::make_shared<HeapOwner>(heap);
+    impl->heap = std::move(heap);
+  }
   impl->channel->publish_pid();
   const bool try_single_copy = algo::single_copy_mode() != algo::SingleCopyMode::kOff && local_n > 1;
   if (try_single_copy) impl->channel->publish_probe();
@@ -570,6 +639,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   // Every member has mapped the segment: its name is no longer needed, and a
   // crash from here on leaves nothing in /dev/shm.
   impl->channel->unlink_name();
+  if (impl->heap != nullptr) impl->heap->unlink_name();
   if (Status s = impl->channel->watch_members(); !s.ok()) return where(s);
   if (local_n > 1) {
     // Single copy only if every member can read every other (one verdict for all).

@@ -24,6 +24,10 @@ struct Group::Impl {
   std::string label;  // "group [0,2]"
   // Among the members on this server (all of them, unless net is set).
   std::unique_ptr<transport::ShmChannel> channel;
+  // Its symmetric heap (null: none), shared with the tensors allocated from
+  // it (heap_owner gives their blocks back), so it outlives the group if they do.
+  std::shared_ptr<transport::ShmHeap> heap;
+  std::shared_ptr<Tensor::Owner> heap_owner;
   // Across servers: null when every member is on this server.
   std::unique_ptr<transport::NetChannel> net;
   algo::Topology topo;

@@ -2,6 +2,7 @@
 
 #include "base/env.hpp"
 #include "base/huge_pages.hpp"
+#include "core/tensor_access.hpp"
 
 #include <sys/mman.h>
 
@@ -104,6 +105,7 @@ void* map_huge(size_t bytes) {
 }  // namespace
 
 void Tensor::Free::operator()(void* p) const {
+  if (owner != nullptr) return owner->release(p);
   // Only huge-page tensors were noted, and they start on a 2 MiB boundary.
   if (reinterpret_cast<uintptr_t>(p) % kHuge == 0) {
     if (const size_t bytes = base::forget_huge_range(p); bytes != 0) {
@@ -114,20 +116,26 @@ void Tensor::Free::operator()(void* p) const {
   std::free(p);
 }
 
+Result<size_t> TensorAccess::bytes_of(DType dtype, const std::vector<int64_t>& shape) {
+  // A negative or overflowing shape would wrap into a huge or tiny size.
+  unsigned __int128 total = dtype_size(dtype);
+  for (int64_t d : shape) {
+    if (d < 0) return Status{ErrorKind::kInvalidArgument, fmt::format("negative dimension in {}", TensorView(nullptr, dtype, shape).describe())};
+    total *= static_cast<uint64_t>(d);
+    if (total > (static_cast<unsigned __int128>(1) << 62)) {
+      return Status{ErrorKind::kInvalidArgument, fmt::format("{} does not fit the address space", TensorView(nullptr, dtype, shape).describe())};
+    }
+  }
+  return static_cast<size_t>(total);
+}
+
 Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  // A negative or overflowing shape would wrap into a huge or tiny size.
-  unsigned __int128 total = dtype_size(dtype);
-  for (int64_t d : t.shape_) {
-    if (d < 0) throw std::length_error(fmt::format("Tensor::empty: negative dimension in {}", t.view().describe()));
-    total *= static_cast<uint64_t>(d);
-    if (total > (static_cast<unsigned __int128>(1) << 62)) {
-      throw std::length_error(fmt::format("Tensor::empty: {} does not fit the address space", t.view().describe()));
-    }
-  }
-  size_t bytes = (t.view().nbytes() + 63) / 64 * 64;
+  auto checked = TensorAccess::bytes_of(dtype, t.shape_);
+  if (!checked.ok()) throw std::length_error("Tensor::empty: " + checked.status().message());
+  size_t bytes = (checked.value() + 63) / 64 * 64;
   // Large tensors on 2 MiB boundaries, offered to transparent huge pages (as
   // PyTorch 2.1+'s CPU allocator does with THP_MEM_ALLOC_ENABLE=1; 1.13 does
   // not): fewer TLB misses when a collective streams them, and single copy

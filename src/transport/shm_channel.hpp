@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "fastgather/status.hpp"
+#include "transport/shm_heap.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace fastgather::transport {
@@ -40,8 +41,9 @@ struct PostHeader {
   uint64_t aux = 0;    // op-specific (k for the fused op)
   uint8_t op = 0;
   uint8_t algo = 0;    // which schedule: members must agree, or their steps would not line up
-  uint16_t dtype = 0;
-  uint32_t offset = 0;  // where this step's bytes start in the member's ring
+  uint8_t dtype = 0;
+  uint8_t in_heap = 0;  // 1: this step's bytes are in the member's symmetric-heap region, not its ring
+  uint32_t offset = 0;  // where this step's bytes start in the member's ring (or heap region)
   // Same collective with the same shape (where the bytes sit may differ).
   bool same_call(const PostHeader& o) const {
     return bytes == o.bytes && aux == o.aux && op == o.op && algo == o.algo && dtype == o.dtype;
@@ -103,6 +105,14 @@ class ShmChannel {
   const std::byte* member_data(int member, uint32_t offset) const {
     return data_ + static_cast<size_t>(member) * ring_bytes_ + offset;
   }
+  // Where a step's bytes are: the member's ring, or its heap region.
+  const std::byte* member_data(int member, const PostHeader& h) const {
+    return h.in_heap != 0 && heap_ != nullptr ? heap_->member_data(member, h.offset) : member_data(member, h.offset);
+  }
+  // The group's symmetric heap (null: none), with the same member indices.
+  // The channel reads from it; the group owns it.
+  void set_heap(const ShmHeap* heap) { heap_ = heap; }
+  const ShmHeap* heap() const { return heap_; }
   // Publishes this member's step, with header and optional inline bytes.
   void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0);
   // Single copy (CMA): a member reads a peer's bytes straight from the peer's
@@ -154,6 +164,7 @@ class ShmChannel {
   std::string label_;
   MemberCtl* ctl_ = nullptr;
   std::byte* data_ = nullptr;
+  const ShmHeap* heap_ = nullptr;
   uint64_t step_ = 0;
   std::vector<int> pidfds_;
   std::vector<int> pids_;

@@ -21,13 +21,37 @@ Result<ShmSegment> fail(const std::string& what, const std::string& name) {
   return Status{ErrorKind::kSystem, fmt::format("{} shared-memory segment {}: {}", what, name, std::strerror(errno))};
 }
 
+void* map(int fd, size_t bytes, ShmSegment::Pages pages) {
+  const int populate = pages == ShmSegment::Pages::kPopulated ? MAP_POPULATE : 0;  // no page faults mid-collective
+  return ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | populate, fd, 0);
+}
+
 }  // namespace
+
+void ShmSegment::keep_or_close(ShmSegment& seg, int fd, Pages pages) {
+  if (pages == Pages::kOnDemand) {
+    seg.fd_ = fd;
+  } else {
+    ::close(fd);
+  }
+}
+
+Status ShmSegment::commit(size_t offset, size_t len) {
+  if (fd_ < 0) return {ErrorKind::kInvalidArgument, fmt::format("shared-memory segment {} was mapped populated", name_)};
+  if (offset > size_ || len > size_ - offset) {
+    return {ErrorKind::kInvalidArgument, fmt::format("[{}, +{}) is outside the {}-byte segment {}", offset, len, size_, name_)};
+  }
+  const int rc = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(len));
+  if (rc == 0) return Status::Ok();
+  return {rc == ENOSPC ? ErrorKind::kResourceExhausted : ErrorKind::kSystem,
+          fmt::format("cannot reserve {} bytes of shared memory (segment {}): {}", len, name_, std::strerror(rc))};
+}
 
 std::string ShmSegment::segment_name(const std::string& job_id, int creator_pid, int serial) {
   return fmt::format("/{}{}-{}-{}", kPrefix, job_id, creator_pid, serial);
 }
 
-Result<ShmSegment> ShmSegment::create(const std::string& name, size_t bytes) {
+Result<ShmSegment> ShmSegment::create(const std::string& name, size_t bytes, Pages pages) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return fail("cannot create", name);
   ShmSegment seg;
@@ -39,19 +63,20 @@ Result<ShmSegment> ShmSegment::create(const std::string& name, size_t bytes) {
     ::shm_unlink(name.c_str());
     return r;
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);  // no page faults mid-collective
-  ::close(fd);
+  void* p = map(fd, bytes, pages);
   if (p == MAP_FAILED) {
     auto r = fail("cannot map", name);
+    ::close(fd);
     ::shm_unlink(name.c_str());
     return r;
   }
+  keep_or_close(seg, fd, pages);
   seg.addr_ = p;
   seg.size_ = bytes;
   return seg;
 }
 
-Result<ShmSegment> ShmSegment::open(const std::string& name, size_t bytes) {
+Result<ShmSegment> ShmSegment::open(const std::string& name, size_t bytes, Pages pages) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return fail("cannot open", name);
   struct stat st {};
@@ -60,10 +85,14 @@ Result<ShmSegment> ShmSegment::open(const std::string& name, size_t bytes) {
     return Status{ErrorKind::kSystem,
                   fmt::format("shared-memory segment {} holds {} bytes, expected {}", name, st.st_size, bytes)};
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);  // no page faults mid-collective
-  ::close(fd);
-  if (p == MAP_FAILED) return fail("cannot map", name);
+  void* p = map(fd, bytes, pages);
+  if (p == MAP_FAILED) {
+    auto r = fail("cannot map", name);
+    ::close(fd);
+    return r;
+  }
   ShmSegment seg;
+  keep_or_close(seg, fd, pages);
   seg.name_ = name;
   seg.addr_ = p;
   seg.size_ = bytes;
@@ -89,6 +118,8 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
     size_ = o.size_;
     owns_name_ = o.owns_name_;
     owns_map_ = o.owns_map_;
+    fd_ = o.fd_;
+    o.fd_ = -1;
     o.addr_ = nullptr;
     o.size_ = 0;
     o.owns_name_ = false;
@@ -100,6 +131,8 @@ ShmSegment::~ShmSegment() {
   unlink();
   if (addr_ != nullptr && owns_map_) ::munmap(addr_, size_);
   addr_ = nullptr;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 void ShmSegment::unlink() {

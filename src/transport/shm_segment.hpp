@@ -12,9 +12,14 @@ namespace fastgather::transport {
 
 class ShmSegment {
  public:
+  // How pages come: kPopulated maps every page at once (no page fault
+  // mid-collective); kOnDemand maps none and keeps the descriptor open, so
+  // that commit() can reserve a range first (a symmetric heap: large,
+  // sparse, used where allocated).
+  enum class Pages { kPopulated, kOnDemand };
   // name: "/fg-<job>-<pid>-<n>", see segment_name().
-  static Result<ShmSegment> create(const std::string& name, size_t bytes);
-  static Result<ShmSegment> open(const std::string& name, size_t bytes);
+  static Result<ShmSegment> create(const std::string& name, size_t bytes, Pages pages = Pages::kPopulated);
+  static Result<ShmSegment> open(const std::string& name, size_t bytes, Pages pages = Pages::kPopulated);
 
   ShmSegment(ShmSegment&& other) noexcept;
   ShmSegment& operator=(ShmSegment&& other) noexcept;
@@ -32,6 +37,9 @@ class ShmSegment {
   std::byte* data() const { return static_cast<std::byte*>(addr_); }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
+  // kOnDemand only: gives [offset, offset + len) its pages now, so that a
+  // full /dev/shm is an error here rather than SIGBUS at the first touch.
+  Status commit(size_t offset, size_t len);
 
   static std::string segment_name(const std::string& job_id, int creator_pid, int serial);
   // Unlinks /dev/shm/fg-* segments whose creator process no longer exists.
@@ -42,11 +50,13 @@ class ShmSegment {
 
  private:
   ShmSegment() = default;
+  static void keep_or_close(ShmSegment& seg, int fd, Pages pages);
   std::string name_;
   void* addr_ = nullptr;
   size_t size_ = 0;
   bool owns_name_ = false;
   bool owns_map_ = true;
+  int fd_ = -1;  // kOnDemand: kept for commit()
 };
 
 }  // namespace fastgather::transport

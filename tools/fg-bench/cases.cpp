@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
@@ -13,6 +14,14 @@ namespace {
 
 std::string block_error(const std::string& what, int rank, long long bad, uint64_t it) {
   return fmt::format("{}: block of rank {} wrong at byte {} (iteration {})", what, rank, bad, it);
+}
+
+// An input tensor: from the group's symmetric heap when the shape says so.
+Tensor input_tensor(Group& g, const CaseShape& s, std::vector<int64_t> shape) {
+  if (!s.symmetric) return Tensor::empty(s.dtype, std::move(shape));
+  auto t = g.empty(s.dtype, std::move(shape));
+  if (!t.ok()) throw std::runtime_error(t.status().message());
+  return std::move(t).value();
 }
 
 // One set of buffers per variant; iteration i uses set i % variants.
@@ -42,7 +51,7 @@ class AllGatherCase : public Case {
     dtype = s.dtype;
     for (int v = 0; v < std::max(s.variants, 1); ++v) {
       Buffers b;
-      b.in = Tensor::empty(s.dtype, {s.m, s.hidden});
+      b.in = input_tensor(g, s, {s.m, s.hidden});
       if (form == Form::kContiguous) {
         b.out = Tensor::empty(s.dtype, {s.m * g.size(), s.hidden});
       } else {
@@ -133,7 +142,7 @@ class AllGatherMatmulCase : public Case {
     x2_ = Tensor::empty(s.dtype, {s.hidden, s.n});
     out_ = Tensor::empty(s.dtype, {s.m * w, s.n});
     gather_ = Tensor::empty(s.dtype, {s.m * w, s.hidden});
-    for (int v = 0; v < std::max(s.variants, 1); ++v) x1_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+    for (int v = 0; v < std::max(s.variants, 1); ++v) x1_.push_back(input_tensor(g, s, {s.m, s.hidden}));
     bytes_per_rank = x1_.front().nbytes();
     b_.resize(static_cast<size_t>(k_ * n_));
     for (size_t i = 0; i < b_.size(); ++i) b_[i] = exact_value(1000, 0, i);
@@ -244,6 +253,13 @@ std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, AllGath
   AllGatherOptions o;
   o.algorithm = algorithm;
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous, o);
+}
+std::unique_ptr<Case> make_private_all_gather(Group& g, const CaseShape& s) {
+  CaseShape p = s;
+  p.symmetric = false;
+  auto c = std::make_unique<AllGatherCase>(g, p, AllGatherCase::Form::kContiguous);
+  c->impl = "private";
+  return c;
 }
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kList);

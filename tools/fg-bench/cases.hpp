@@ -56,6 +56,9 @@ struct CaseShape {
   // Across servers: record each call's intra-/inter-server shares (two clock
   // reads per call, so not asked for within one server).
   bool shares = false;
+  // Inputs from the group's symmetric heap (Group::empty), read in place by
+  // the peers; false: ordinary private memory (Tensor::empty).
+  bool symmetric = false;
 };
 
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);
@@ -63,6 +66,9 @@ std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);
 // kDirect or kHierarchical (across servers); impl names the schedule.
 std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, AllGatherAlgorithm algorithm);
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s);
+// The same all-gather with its input in private memory whatever s.symmetric
+// says ("private"): what symmetric inputs save.
+std::unique_ptr<Case> make_private_all_gather(Group& g, const CaseShape& s);
 // What a framework's list form does: gather into a fresh flat temporary, copy
 // each block back into its list buffer, synchronise the group per call.
 std::unique_ptr<Case> make_staged_all_gather_list(Group& g, const CaseShape& s);

@@ -47,6 +47,7 @@ struct Options {
   bool limits_only = false;
   bool no_limits = false;
   bool dv = false;          // data-varying buffers
+  std::string input = "symmetric";  // where the ops' inputs live: symmetric (Group::empty) or private
 };
 
 constexpr const char* kReexecMarker = "FG_BENCH_UNDER_MPIRUN";
@@ -243,9 +244,13 @@ std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Op
   auto wants = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
   std::vector<CaseFactory> cases;
   for (int64_t m : o.ms) {
-    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1, spans};
+    const bool symmetric = o.input == "symmetric";
+    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1, spans, symmetric};
     if (wants("all_gather")) {
       cases.push_back([&g, s] { return make_all_gather(g, s); });
+      // On one server: what symmetric inputs save (the same list on every rank,
+      // whether or not its group has a heap, or the ranks' calls would differ).
+      if (o.compare && symmetric && !spans) cases.push_back([&g, s] { return make_private_all_gather(g, s); });
       if (o.compare && spans) {
         // Across servers: both schedules, whichever the size chose (the same
         // messages when every server holds one member).
@@ -269,7 +274,7 @@ std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Op
         if (lead) std::fprintf(stderr, "fg-bench: no %s row moves %zu bytes per rank; skipped\n", o.mm_dtype.c_str(), bytes);
         continue;
       }
-      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1, spans};
+      const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1, spans, symmetric};
       cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
       if (o.compare) cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
     }
@@ -378,7 +383,12 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
   const std::vector<CaseFactory> cases = plan_cases(**comm, g, o, ag_dtype, mm_dtype, use_mpi, lead);
   std::vector<Row> rows;
   for (size_t i = 0; i < cases.size(); ++i) {
-    std::unique_ptr<Case> cs = cases[i]();
+    std::unique_ptr<Case> cs;
+    try {
+      cs = cases[i]();
+    } catch (const std::exception& e) {  // no memory for its buffers, say
+      return fail({ErrorKind::kResourceExhausted, fmt::format("cannot prepare a case: {}", e.what())});
+    }
     progress(lead, i, cases.size(), *cs);
     auto r = runner.measure(*cs);
     if (!r.ok() && r.status().kind() == ErrorKind::kUnsupported) {
@@ -480,6 +490,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-limits", o.no_limits, "skip measuring the machine's limits");
   app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples")->check(CLI::Range(1, 100));
   app.add_flag("--dv", o.dv, "data-varying: cycle 8 buffer sets so caches are not flattering");
+  app.add_option("--input", o.input,
+                 "where the ops' inputs live: symmetric (the group's heap, read in place; --compare adds a private row) "
+                 "or private (ordinary memory, as a framework's tensors)")
+      ->check(CLI::IsMember({"symmetric", "private"}));
   app.add_flag_callback("--help-env", [] {
     std::fputs(environment_help().c_str(), stdout);
     throw CLI::Success();

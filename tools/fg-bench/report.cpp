@@ -159,8 +159,8 @@ std::string validate_report_json(const nlohmann::json& j) {
       if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
     }
     const std::string impl = r["impl"];
-    if (impl != "fastgather" && impl != "ring" && impl != "staged" && impl != "unfused" && impl != "mpi" &&
-        impl != "direct" && impl != "hierarchical") {
+    if (impl != "fastgather" && impl != "private" && impl != "ring" && impl != "staged" && impl != "unfused" &&
+        impl != "mpi" && impl != "direct" && impl != "hierarchical") {
       return fmt::format("row {}: unknown impl '{}'", i, impl);
     }
     const std::string op = r["op"];
