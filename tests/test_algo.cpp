@@ -81,6 +81,31 @@ TEST(CopyIntoRing, BothWaysCopyEveryByte) {
   }
 }
 
+// Streaming copy-out at every alignment of dst and src: the head before the
+// first cache line, whole lines, the tail; nothing written outside.
+TEST(CopyOut, EveryByteAtEveryAlignmentBothWays) {
+  alignas(64) std::byte dst[1024];
+  alignas(64) std::byte src[1024];
+  for (size_t i = 0; i < sizeof(src); ++i) src[i] = static_cast<std::byte>(i * 13 + 5);
+  for (bool streaming : {false, true}) {
+    for (size_t d = 0; d < 64; ++d) {
+      for (size_t s = 0; s < 64; s += 7) {
+        for (size_t len : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{127}, size_t{128},
+                           size_t{129}, size_t{500}, size_t{1024 - 64}}) {
+          std::memset(dst, 0xEE, sizeof(dst));
+          copy_out(dst + d, src + s, len, streaming);
+          ASSERT_EQ(std::memcmp(dst + d, src + s, len), 0) << streaming << " d=" << d << " s=" << s << " len=" << len;
+          for (size_t i = 0; i < sizeof(dst); ++i) {
+            if (i < d || i >= d + len) {
+              ASSERT_EQ(static_cast<int>(dst[i]), 0xEE) << "wrote byte " << i << " d=" << d << " len=" << len;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Topology, ServersAreRunsOfConsecutiveMembers) {
   // Members' servers, e.g. TP=1 DP=4 on 3 servers: ranks 0-1 | 2 | 3.
   Topology t = Topology::of({0, 0, 1, 2}, 1);

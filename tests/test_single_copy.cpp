@@ -347,3 +347,13 @@ TEST(SymmetricHeap, NoneWhenTurnedOffOrAlone) {
     return gather_all_sizes(g, true, Input::kSymmetric, {1, 40001, kMin + 1});
   }));
 }
+
+// Copy-out with streaming stores at every size (FG_STREAM_OUT_BYTES=0): odd
+// sizes put every block's start at another alignment; symmetric inputs,
+// huge-page tensors (CMA) and the ring, both forms and the fused op.
+TEST(StreamingCopyOut, EveryByteWhateverTheInput) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_STREAM_OUT_BYTES", "0"}});
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, true, false, Input::kSymmetric); }));
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, true, false, Input::kTensor); }));
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, true, Input::kPlain); }));
+}

@@ -198,7 +198,7 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
     for (size_t off = 0; off < call.bytes; off += piece) {
       const size_t len = std::min(piece, call.bytes - off);
       if (theirs.in_heap != 0) {
-        std::memcpy(dst + off, ch.heap()->member_data(peer, theirs.addr + off), len);
+        copy_out(dst + off, ch.heap()->member_data(peer, theirs.addr + off), len, call.stream_out);
       } else if (Status r = ch.read_peer(peer, dst + off, theirs.addr + off, len); !r.ok()) {
         co_return r;
       }

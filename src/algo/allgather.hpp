@@ -74,6 +74,9 @@ struct GatherCall {
   GatherStats* stats = nullptr;  // filled when not null
   // Learns how to copy into the ring on this machine (null: regular stores).
   CopyInChooser* copy_in = nullptr;
+  // Copies into the landing places with streaming stores (copy_out): the
+  // op's output is larger than the cache (streams_out).
+  bool stream_out = false;
 };
 
 // sink(member, offset, src, len): bytes [offset, offset+len) of member's input

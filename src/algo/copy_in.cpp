@@ -6,6 +6,8 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <string_view>
 
 #if defined(__x86_64__)
@@ -16,14 +18,20 @@ namespace fastgather::algo {
 namespace {
 
 #if defined(__x86_64__)
+// Regular stores up to dst's first cache line, whole lines with streaming
+// stores (four 32-byte stores each, so the write-combining buffer fills a
+// line at once), regular stores for the tail.
 __attribute__((target("avx2"))) void stream_copy(std::byte* dst, const std::byte* src, size_t len) {
-  size_t i = 0;
-  // Ring chunks start on cache lines, so dst + i is 32-byte aligned here.
-  for (; i + 32 <= len; i += 32) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  size_t i = std::min(len, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
+  if (i != 0) std::memcpy(dst, src, i);
+  for (; i + 64 <= len; i += 64) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
   }
   if (i < len) std::memcpy(dst + i, src + i, len - i);
-  _mm_sfence();  // streaming stores are weakly ordered: drain them before the post's release store
+  _mm_sfence();  // streaming stores are weakly ordered: drain them before a post's release store
 }
 bool have_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2");
@@ -39,12 +47,42 @@ constexpr uint64_t kExploreFor = 4;      // ... for this many calls
 }  // namespace
 
 void copy_into_ring(CopyIn how, std::byte* dst, const std::byte* src, size_t len) {
+  copy_out(dst, src, len, how == CopyIn::kStreaming);
+}
+
+void copy_out(std::byte* dst, const std::byte* src, size_t len, bool streaming) {
 #if defined(__x86_64__)
-  if (how == CopyIn::kStreaming && have_avx2() && reinterpret_cast<uintptr_t>(dst) % 32 == 0) {
-    return stream_copy(dst, src, len);
-  }
+  if (streaming && have_avx2()) return stream_copy(dst, src, len);
 #endif
   std::memcpy(dst, src, len);
+}
+
+namespace {
+
+// The largest cache cpu0 reports in sysfs, in bytes (0: none found). Not
+// sysconf(_SC_LEVEL3_CACHE_SIZE): under KVM it reports the host's (384 MiB
+// here, where the guest sees 32 MiB).
+size_t last_level_cache_bytes() {
+  size_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    size_t v = 0;
+    std::string unit;
+    if (!(f >> v)) continue;
+    f >> unit;
+    best = std::max(best, v << (unit == "K" ? 10 : unit == "M" ? 20 : 0));
+  }
+  return best;
+}
+
+}  // namespace
+
+bool streams_out(size_t output_bytes) {
+  static const size_t from = [] {
+    const size_t llc = last_level_cache_bytes();
+    return base::env_count_or("FG_STREAM_OUT_BYTES", llc != 0 ? llc / 2 : size_t{16} << 20);  // checked by check_environment()
+  }();
+  return output_bytes >= from;
 }
 
 CopyInChooser::CopyInChooser() {

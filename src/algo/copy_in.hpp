@@ -21,6 +21,20 @@ enum class CopyIn : uint8_t { kCached = 0, kStreaming = 1 };
 
 void copy_into_ring(CopyIn how, std::byte* dst, const std::byte* src, size_t len);
 
+// Copies a block (or piece) into the caller's output - from a ring, a peer's
+// heap region or the own input - with streaming stores when `streaming`
+// (any alignment; regular stores where the CPU has no AVX2).
+void copy_out(std::byte* dst, const std::byte* src, size_t len, bool streaming);
+// Whether a call that writes `output_bytes` on this rank copies out with
+// streaming stores: from half the last-level cache (FG_STREAM_OUT_BYTES).
+// Beyond the cache, regular stores first read every output line they write
+// (read for ownership), and the output evicts what the peers still read.
+// Measured with 2 ranks, alternating runs (docs/benchmarks.md, "Streaming
+// stores for large outputs"): 12 MB per rank 1.4-2.2 ms with streaming
+// stores against 2.8-3.1 ms without, 24 MB 3.2-5.0 against 7.1; inside the
+// cache they are slower (a copy of 1.5-6 MB took 1.3-2.2x as long).
+bool streams_out(size_t output_bytes);
+
 class CopyInChooser {
  public:
   // FG_COPY_IN=cached|streaming forces one way (benchmarks); default: learn.

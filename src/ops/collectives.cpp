@@ -70,9 +70,10 @@ engine::Task<Status> all_gather_op(Group& group, const TensorView& input, const 
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &impl_of(group)->copy_in;
+  call.stream_out = algo::streams_out(bytes * n);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
-    if (dst != src) std::memcpy(dst, src, len);
+    if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
   };
   co_return co_await ops::run_gather(group, call, sink, options.stats);
 }
@@ -102,9 +103,10 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &impl_of(group)->copy_in;
+  call.stream_out = algo::streams_out(bytes * outputs.size());
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
-    if (dst != src) std::memcpy(dst, src, len);
+    if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
   };
   co_return co_await ops::run_gather(group, call, sink, options.stats);
 }
