@@ -273,6 +273,20 @@ std::string comm_name(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   return ours->name();
 }
 
+// `nbytes` of uint8 in the group's symmetric heap (Group::empty), which the
+// group's all-gathers read in place; the Python side views it as the dtype
+// and shape asked for. The tensor keeps the heap alive.
+at::Tensor empty_bytes(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t nbytes) {
+  auto* ours = dynamic_cast<ProcessGroupFastgather*>(pg.get());
+  TORCH_CHECK(ours != nullptr, "fastgather: group is a '", pg->getBackendName(),
+              "' group; create it with new_group(ranks, backend=\"fastgather\")");
+  TORCH_CHECK(nbytes >= 0, "fastgather: empty: negative size ", nbytes);
+  auto t = ours->group().empty(fg::DType::kU8, {nbytes});
+  if (!t.ok()) fail(t.status());
+  auto* held = new fg::Tensor(std::move(t).value());
+  return at::from_blob(held->data(), {nbytes}, [held](void*) { delete held; }, at::TensorOptions().dtype(at::kByte));
+}
+
 // torch_npu.npu_all_gather_base_mm: output = allgather(x1) @ x2 + bias,
 // gather_out = allgather(x1) (an empty tensor when gather_output is false).
 std::tuple<at::Tensor, at::Tensor> all_gather_base_mm(const at::Tensor& x1, const at::Tensor& x2, const std::string& hcom,
@@ -328,6 +342,7 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(ours != nullptr, "fastgather: not a fastgather group");
     return ours->transport();
   });
+  m.def("empty_bytes", &empty_bytes, pybind11::arg("group"), pybind11::arg("nbytes"));
   m.def("all_gather_base_mm", &all_gather_base_mm, pybind11::arg("x1"), pybind11::arg("x2"), pybind11::arg("hcom"),
         pybind11::arg("world_size"), pybind11::arg("bias") = pybind11::none(), pybind11::arg("gather_index") = 0,
         pybind11::arg("gather_output") = true, pybind11::arg("comm_turn") = 0);

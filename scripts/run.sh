@@ -78,7 +78,9 @@ case "${1:-}" in
   bench-docs)
     deps
     build
-    fg=./build/tools/fg-bench/fg-bench
+    # A 60 s peer timeout: with 6 ranks on 2 cores one call of the sweep takes up to ~2 s, and a
+    # stall of the host must not void a 10-minute run (a hang would still end it, named).
+    fg="./build/tools/fg-bench/fg-bench --timeout-ms 60000"
     $fg --compare --trials 3 --json docs/bench-2ranks.json --plot docs/fg-bench-2ranks.png >/dev/null
     $fg --tp 1 --dp 4 --compare --trials 3 --json docs/bench-dp4.json >/dev/null
     $fg --tp 2 --dp 2 --compare --trials 3 --json docs/bench-tp2dp2.json >/dev/null

@@ -22,10 +22,17 @@ using fgtest::gather_bytes;
 namespace {
 
 // Both forms of all-gather of `bytes` per rank on g with `algo`, every byte checked.
-std::string both_forms(Group& g, size_t bytes, AllGatherAlgorithm algo, uint64_t it) {
+// With `symmetric`, the input comes from the group's heap (Group::empty):
+// read in place by the members on this server, sent over UCX to the others.
+std::string both_forms(Group& g, size_t bytes, AllGatherAlgorithm algo, uint64_t it, bool symmetric = false) {
   const int n = g.size();
   const auto count = static_cast<int64_t>(bytes);
   Tensor in = Tensor::empty(DType::kU8, {count});
+  if (symmetric) {
+    auto t = g.empty(DType::kU8, {count});
+    RANK_OK(t.status());
+    in = std::move(t).value();
+  }
   fill_pattern(in.data(), bytes, g.ranks()[g.rank()], it);
   Tensor out = Tensor::empty(DType::kU8, {n * count});
   AllGatherOptions opt{.algorithm = algo};
@@ -59,7 +66,7 @@ std::string layout_name(const Layout& l) { return fmt::format("servers{}_tp{}_dp
 class AcrossServers : public ::testing::TestWithParam<Layout> {};
 
 // Every schedule, both forms, sizes from nothing to several pieces, in the
-// TP x DP group and in the world group.
+// TP x DP group and in the world group, private and symmetric inputs.
 TEST_P(AcrossServers, BothFormsEverySchedule) {
   const Layout l = GetParam();
   fgtest::JobOptions jo;
@@ -78,7 +85,10 @@ TEST_P(AcrossServers, BothFormsEverySchedule) {
       for (auto algo : {AllGatherAlgorithm::kAuto, AllGatherAlgorithm::kDirect, AllGatherAlgorithm::kHierarchical}) {
         for (size_t bytes : {size_t{0}, size_t{1}, size_t{33}, size_t{4097}, size_t{96} << 10, (size_t{1} << 20) + 3,
                              size_t{3} << 20}) {
-          if (auto e = both_forms(*g, bytes, algo, ++it); !e.empty()) return e;
+          // Every other call's input is in the group's symmetric heap (members on one
+          // server read it in place; on a server alone a member has no heap).
+          ++it;
+          if (auto e = both_forms(*g, bytes, algo, it, it % 2 == 0); !e.empty()) return e;
         }
       }
       RANK_OK(barrier(*g));

@@ -7,6 +7,7 @@
     dist.all_gather(outputs, x, group=group)                  # list form
     dist.all_gather_into_tensor(out, x, group=group)          # one tensor
     out, gathered = fastgather.all_gather_base_mm(x1, x2, fastgather.get_comm_name(group, r), len(ranks))
+    x = fastgather.empty(group, (16, 3072), torch.float16)    # read in place by the group's gathers
 
 fastgather serves all_gather, all_gather_into_tensor (_all_gather_base),
 broadcast and barrier for CPU tensors of every dtype torch has on CPU; any
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["all_gather_base_mm", "get_comm_name", "transport", "BACKEND"]
+__all__ = ["all_gather_base_mm", "empty", "get_comm_name", "transport", "BACKEND"]
 
 BACKEND = "fastgather"
 
@@ -41,6 +42,22 @@ def get_comm_name(group, rank=None):
 def transport(group):
     """How the group's bytes move ("shared memory", or shared memory and UCX between hosts)."""
     return _C.transport(group)
+
+
+def empty(group, shape, dtype=torch.float32):
+    """An uninitialised CPU tensor in the fastgather group's symmetric heap.
+
+    The group's all-gathers read such an input in place (one copy per byte
+    instead of two); anything else uses it as an ordinary tensor. It may be
+    overwritten as soon as a collective on it returns, and it may outlive the
+    group. Raises RuntimeError when the heap (FG_SYMMETRIC_BYTES per rank) is full.
+    """
+    shape = tuple(shape)
+    n = 1
+    for d in shape:
+        n *= d
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return _C.empty_bytes(group, n * itemsize).view(dtype).reshape(shape)
 
 
 def all_gather_base_mm(x1, x2, hcom, world_size, bias=None, gather_index=0, gather_output=True, comm_turn=0):

@@ -64,6 +64,11 @@ def test_dead_peer_raises_within_the_timeout_and_leaves_nothing():
     assert fg_segments() <= before, f"left in /dev/shm: {fg_segments() - before}"
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_symmetric_inputs_from_fastgather_empty(world):
+    run_ranks(world, "symmetric")
+
+
 def test_importing_twice_is_harmless():
     run_ranks(2, "import_twice")
 

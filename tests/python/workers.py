@@ -211,6 +211,33 @@ def fused(rank, world, tp, dp):
     dist.barrier(group=fg)
 
 
+def symmetric(rank, world):
+    """Inputs from fastgather.empty: read in place by the peers, every byte right, both forms,
+    each input overwritten as soon as its call returns; bool and odd shapes; the heap's error."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    for dtype in [torch.float32, torch.float16, torch.int64, torch.bool]:
+        for shape in [(1,), (33, 5), (8, 3072), (700, 1031)]:
+            x = fastgather.empty(fg, shape, dtype)
+            check(x.shape == shape and x.dtype == dtype, f"{x.shape} {x.dtype}")
+            x.copy_(pattern(rank, dtype, shape))
+            outs = [torch.empty(shape, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, x, group=fg)
+            x.zero_()  # a peer still reading would see this
+            check(all(same_bytes(o, pattern(r, dtype, shape)) for r, o in enumerate(outs)), f"list {dtype} {shape}")
+            x.copy_(pattern(rank, dtype, shape, salt=1))
+            flat = torch.empty((world * shape[0],) + tuple(shape[1:]), dtype=dtype)
+            dist.all_gather_into_tensor(flat, x, group=fg)
+            x.zero_()
+            check(same_bytes(flat, torch.cat([pattern(r, dtype, shape, salt=1) for r in range(world)])),
+                  f"tensor {dtype} {shape}")
+    try:
+        fastgather.empty(fg, (1 << 40,), torch.uint8)
+        check(False, "a 1 TiB tensor from the heap did not raise")
+    except RuntimeError as e:
+        check("FG_SYMMETRIC_BYTES" in str(e), str(e))
+    dist.barrier(group=fg)
+
+
 def import_twice(rank, world):
     import importlib
     importlib.reload(fastgather)
