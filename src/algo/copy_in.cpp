@@ -80,7 +80,7 @@ size_t last_level_cache_bytes() {
 bool streams_out(size_t output_bytes) {
   static const size_t from = [] {
     const size_t llc = last_level_cache_bytes();
-    return base::env_count_or("FG_STREAM_OUT_BYTES", llc != 0 ? llc / 2 : size_t{16} << 20);  // checked by check_environment()
+    return base::env_count_or("FG_STREAM_OUT_BYTES", llc != 0 ? llc / 4 : size_t{8} << 20);  // checked by check_environment()
   }();
   return output_bytes >= from;
 }

@@ -26,13 +26,16 @@ void copy_into_ring(CopyIn how, std::byte* dst, const std::byte* src, size_t len
 // (any alignment; regular stores where the CPU has no AVX2).
 void copy_out(std::byte* dst, const std::byte* src, size_t len, bool streaming);
 // Whether a call that writes `output_bytes` on this rank copies out with
-// streaming stores: from half the last-level cache (FG_STREAM_OUT_BYTES).
-// Beyond the cache, regular stores first read every output line they write
-// (read for ownership), and the output evicts what the peers still read.
-// Measured with 2 ranks, alternating runs (docs/benchmarks.md, "Streaming
-// stores for large outputs"): 12 MB per rank 1.4-2.2 ms with streaming
-// stores against 2.8-3.1 ms without, 24 MB 3.2-5.0 against 7.1; inside the
-// cache they are slower (a copy of 1.5-6 MB took 1.3-2.2x as long).
+// streaming stores: from a quarter of the last-level cache
+// (FG_STREAM_OUT_BYTES), where the ranks' outputs and inputs together no
+// longer fit it. Beyond the cache, regular stores first read every output
+// line they write (read for ownership), and the output evicts what the peers
+// still read. Measured (docs/benchmarks.md, "Streaming stores for large
+// outputs"), 2 ranks: 12 MB per rank 1.4-2.2 ms with streaming stores
+// against 2.8-3.1 ms without, 24 MB 3.2-5.0 against 7.1, 6 MB ahead of Open
+// MPI in 4 runs of 4 with them and 2 of 4 without; 3 MB (6 MB of output)
+// 2.1-3.5x slower with them. 4 ranks on 2 cores: 3 MB 1.07-1.59 ms with,
+// 1.72-2.46 without.
 bool streams_out(size_t output_bytes);
 
 class CopyInChooser {

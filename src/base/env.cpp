@@ -28,7 +28,7 @@ constexpr EnvVar kTable[] = {
     {"FG_RING_BYTES", K::kCount, 16384, uint64_t{1} << 30, "", "4194304 (4 MiB)", "shared-memory ring per member"},
     {"FG_SYMMETRIC_BYTES", K::kCount, 0, uint64_t{1} << 32, "", "1073741824 (1 GiB, reserved as used)",
      "symmetric heap per member of a group on one server, for Group::empty (0: none)"},
-    {"FG_STREAM_OUT_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "half the last-level cache",
+    {"FG_STREAM_OUT_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "a quarter of the last-level cache",
      "output bytes per call from which blocks are copied out with streaming stores"},
     {"FG_COPY_IN", K::kWord, 0, 0, "cached|streaming", "learned per size", "how bytes are stored into the ring"},
     {"FG_SINGLE_COPY", K::kWord, 0, 0, "auto|off|always",
