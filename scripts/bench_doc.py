@@ -110,7 +110,7 @@ def targets(label, data, with_limits):
                 f = i.get(impl)
                 if f and f.get("pct_of_limit"):
                     want = 75 if b <= 3 << 20 else 60
-                    items.append((size(b), f["pct_of_limit"] >= want, f"{f['pct_of_limit']:.0f}% (< {want}%)"))
+                    items.append((size(b), f["pct_of_limit"] >= want, f"{f['pct_of_limit']:.1f}% (< {want}%)"))
             if items:
                 check(f"{what} % of limit: >= 75% to 3 MB, >= 60% above", items)
     items = []
