@@ -19,8 +19,8 @@ namespace {
 
 #if defined(__x86_64__)
 // Regular stores up to dst's first cache line, whole lines with streaming
-// stores (four 32-byte stores each, so the write-combining buffer fills a
-// line at once), regular stores for the tail.
+// stores (two 32-byte stores per line, back to back, so the write-combining
+// buffer fills a line at once), regular stores for the tail.
 __attribute__((target("avx2"))) void stream_copy(std::byte* dst, const std::byte* src, size_t len) {
   size_t i = std::min(len, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
   if (i != 0) std::memcpy(dst, src, i);
