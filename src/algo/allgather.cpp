@@ -144,6 +144,16 @@ engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call,
   co_return Status::Ok();
 }
 
+// "Done reading": a step with nothing in it. An owner whose input peers
+// read where it lies leaves only after every peer has posted this.
+engine::Task<Status> done_reading(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
+                                  std::string* mismatch, int* disagreeing) {
+  auto nothing = [] {};
+  auto none = [](int, const std::byte*) {};
+  co_return co_await lockstep(ch, call, mine, Protocol::kInline, CopyIn::kCached, nullptr, 0, false, mismatch,
+                              disagreeing, nothing, none);
+}
+
 // What an owner posts inline in the first step of single copy.
 struct Offer {
   uint64_t addr;     // its input: in its address space, or (in_heap) in its heap region
@@ -205,10 +215,7 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
       sink(peer, off, dst + off, len);
     }
   }
-  auto nothing = [] {};
-  auto none = [](int, const std::byte*) {};
-  co_return co_await lockstep(ch, call, mine, Protocol::kInline, CopyIn::kCached, nullptr, 0, false, mismatch,
-                              disagreeing, nothing, none);
+  co_return co_await done_reading(ch, call, mine, mismatch, disagreeing);
 }
 
 }  // namespace
@@ -321,11 +328,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
     // An owner's block stays valid until every peer has read it: nobody
     // leaves before everyone has posted this step (the same decision on
     // every member, from the same headers).
-    auto nothing = [] {};
-    auto none = [](int, const std::byte*) {};
-    Status s = co_await lockstep(ch, call, mine, Protocol::kInline, CopyIn::kCached, nullptr, 0, false, &mismatch,
-                                 &disagreeing, nothing, none);
-    if (!s.ok()) co_return s;
+    if (Status s = co_await done_reading(ch, call, mine, &mismatch, &disagreeing); !s.ok()) co_return s;
   }
   if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {
     call.copy_in->record(call.bytes, how, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - started).count());

@@ -585,7 +585,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
         (void)store->set(local_key + "/name", "!" + hs.status().message());
         return where(hs.status());
       }
-      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_n, local_me, region);
+      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, region);
       heap_value = fmt::format("{} {}", name + "h", region);
     }
     if (Status s = store->set(local_key + "/heap", heap_value); !s.ok()) return where(s);
@@ -611,7 +611,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
       auto hs = transport::ShmSegment::open(v.substr(0, space), transport::ShmHeap::segment_bytes(local_n, region),
                                             transport::ShmSegment::Pages::kOnDemand);
       if (!hs.ok()) return where(hs.status());
-      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_n, local_me, region);
+      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, region);
     }
   }
 

@@ -4,8 +4,8 @@
 
 namespace fastgather::transport {
 
-ShmHeap::ShmHeap(ShmSegment segment, int members, int me, size_t region_bytes)
-    : segment_(std::move(segment)), members_(members), me_(me), region_bytes_(region_bytes) {
+ShmHeap::ShmHeap(ShmSegment segment, int me, size_t region_bytes)
+    : segment_(std::move(segment)), me_(me), region_bytes_(region_bytes) {
   if (region_bytes_ != 0) free_.emplace(0, region_bytes_);
 }
 

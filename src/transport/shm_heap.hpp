@@ -27,8 +27,8 @@ class ShmHeap {
   static size_t segment_bytes(int members, size_t region_bytes) { return static_cast<size_t>(members) * region_bytes; }
 
   // segment: created or opened with ShmSegment::Pages::kOnDemand, of
-  // segment_bytes(members, region_bytes) bytes.
-  ShmHeap(ShmSegment segment, int members, int me, size_t region_bytes);
+  // segment_bytes(members, region_bytes) bytes; me: this member's region.
+  ShmHeap(ShmSegment segment, int me, size_t region_bytes);
 
   // A block of at least `bytes` (at least one page) in this member's region.
   Result<std::byte*> allocate(size_t bytes);
@@ -42,15 +42,12 @@ class ShmHeap {
     return a - begin;
   }
   const std::byte* member_data(int member, uint64_t offset) const { return region(member) + offset; }
-  size_t region_bytes() const { return region_bytes_; }
-  int members() const { return members_; }
   void unlink_name() { segment_.unlink(); }
 
  private:
   std::byte* region(int member) const { return segment_.data() + static_cast<size_t>(member) * region_bytes_; }
 
   ShmSegment segment_;
-  int members_;
   int me_;
   size_t region_bytes_;
   std::mutex mu_;
