@@ -227,19 +227,23 @@ TEST(Requests, ProgressReachesTheOtherGroupsWhileBlocked) {
   }, o));
 }
 
-// The timeout bounds a whole call, not each of its waits: rank 1 lets its
-// side of a 256-step gather advance one step per 100 ms (test() now and
-// then), so each of rank 0's waits is short but the call is not (with a
+// The timeout bounds a whole call, not each of its waits: ranks 1 and 2 let
+// their sides of a 256-step gather advance only when they test() (every 100
+// ms, 50 ms apart), and neither can pass a step before the other has posted
+// it, so each of rank 0's waits is short but the call is not (with a
 // deadline per wait, as before the engine, no wait would have timed out).
+// (With one such rank, it could run through many steps in one test() while
+// rank 0 kept pace.)
 TEST(Deadline, BoundsTheWholeCallNotEachWait) {
   // 16 KiB ring steps: 4 MiB is 256 steps (through the ring, not single copy).
   fgtest::ScopedEnv env({{"FG_RING_BYTES", "65536"}, {"FG_SINGLE_COPY", "off"}});
   fgtest::JobOptions o;
   o.timeout = 1000ms;
-  auto results = on_world(2, [](const Config& c, Communicator&, Group& g) -> std::string {
+  auto results = on_world(3, [](const Config& c, Communicator&, Group& g) -> std::string {
     Tensor in = Tensor::empty(DType::kU8, {4 << 20});
-    Tensor out = Tensor::empty(DType::kU8, {8 << 20});
-    if (c.rank == 1) {
+    Tensor out = Tensor::empty(DType::kU8, {12 << 20});
+    if (c.rank != 0) {
+      if (c.rank == 2) std::this_thread::sleep_for(50ms);
       Request r = start_all_gather(g, in.view(), out.view());
       const auto t0 = Clock::now();
       while (!r.test() && ms_since(t0) < 20000) std::this_thread::sleep_for(100ms);

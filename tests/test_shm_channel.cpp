@@ -108,6 +108,36 @@ TEST(ShmChannel, StepsCarryHeadersAndInlineBytesInOrder) {
   peer.join();
 }
 
+// Catches: members cutting blocks into steps of different sizes (each its
+// own FG_PIPELINE_BYTES): the creator's choice travels in the segment, and a
+// value format() would not write is a corrupt segment.
+TEST(ShmChannel, PipelineStepIsTheCreatorsAndWholeLines) {
+  EXPECT_EQ(ShmChannel::pipeline_bytes_for(kRing, 0), kRing / 4);
+  EXPECT_EQ(ShmChannel::pipeline_bytes_for(kRing, 1000), 960u);
+  EXPECT_EQ(ShmChannel::pipeline_bytes_for(kRing, 10), 64u);
+  EXPECT_EQ(ShmChannel::pipeline_bytes_for(kRing, size_t{1} << 30), kRing / 4);
+  Pair p = make_pair(1000ms);
+  EXPECT_EQ(p.a->pipeline_bytes(), kRing / 4);  // make_pair formats without one: a step's maximum
+  const std::string name = ShmSegment::segment_name("test", ::getpid(), 9999);
+  auto seg = ShmSegment::create(name, ShmChannel::segment_bytes(2, kRing));
+  ASSERT_TRUE(seg.ok());
+  ShmChannel::format(seg.value().data(), 2, kRing, 1000);
+  auto opened = ShmSegment::open(name, ShmChannel::segment_bytes(2, kRing));
+  ASSERT_TRUE(opened.ok());
+  std::byte* header = seg.value().data();
+  ShmChannel creator(std::move(seg).value(), {0, 1}, 0, kRing, "test group");
+  creator.unlink_name();
+  {
+    ShmChannel member(ShmSegment::alias_of(opened.value()), {0, 1}, 1, kRing, "test group");
+    EXPECT_TRUE(member.check_format().ok());
+    EXPECT_EQ(member.pipeline_bytes(), 960u);
+  }
+  uint32_t bad = 1000;  // not whole lines
+  std::memcpy(header + 12, &bad, sizeof(bad));  // SegmentHeader::pipeline_bytes
+  ShmChannel member(std::move(opened).value(), {0, 1}, 1, kRing, "test group");
+  EXPECT_EQ(member.check_format().kind(), ErrorKind::kSystem);
+}
+
 // Catches: claims that overlap the previous step's bytes (claim() pinned to
 // 0, or a cursor that does not advance), misaligned claims, claims past the ring.
 TEST(ShmChannel, RingClaimsWrapAndStayLineAligned) {

@@ -259,6 +259,32 @@ TEST(SymmetricFallback, SmallRingManyStepsInPlace) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kSymmetric); }));
 }
 
+// Pipeline steps of 65 cache lines (FG_PIPELINE_BYTES=4160): every block of
+// the ring path spans many steps that end mid-row and mid-page, with the own
+// block placed a step at a time; plain memory, huge-page tensors with single
+// copy off, and symmetric inputs.
+TEST(Pipeline, OddStepsEveryByte) {
+  fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_PIPELINE_BYTES", "4160"}});
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    return gather_all_sizes((*comm)->world(), false, Input::kPlain);
+  }));
+  fgtest::ScopedEnv off({std::pair<const char*, const char*>{"FG_SINGLE_COPY", "off"}});
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kTensor); }));
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kSymmetric); }));
+}
+
+// Ranks that ask for different steps: the group's creator decides for all
+// (its choice travels in the segment), so steps line up and every byte arrives.
+TEST(Pipeline, RanksAskingForDifferentStepsFollowTheCreator) {
+  fgtest::ScopedEnv off({std::pair<const char*, const char*>{"FG_SINGLE_COPY", "off"}});
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    ::setenv("FG_PIPELINE_BYTES", c.rank == 0 ? "4160" : "1048576", 1);
+    return body(c, false, false, Input::kTensor);
+  }));
+}
+
 // One member's input is private, the others' symmetric: each block is read
 // where its owner put it, and the owners in place still wait for their readers.
 TEST(SymmetricMixed, OnePrivateInputAmongSymmetricOnes) {

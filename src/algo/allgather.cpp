@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "base/caches.hpp"
 #include "base/env.hpp"
 #include "base/huge_pages.hpp"
 #include "engine/waits.hpp"
@@ -93,6 +94,19 @@ const ProtocolRule& choose_protocol(size_t bytes) {
 
 size_t max_piece(const transport::ShmChannel& channel, size_t align) {
   return channel.max_step_bytes() / align * align;
+}
+
+size_t default_pipeline_bytes() {
+  static const size_t v = [] {
+    const size_t l2 = base::cache_bytes(2);
+    return base::env_count_or("FG_PIPELINE_BYTES", l2 != 0 ? l2 / 4 : size_t{256} << 10);  // checked by check_environment()
+  }();
+  return v;
+}
+
+size_t pipeline_piece(const transport::ShmChannel& channel, size_t align) {
+  const size_t piece = channel.pipeline_bytes() / align * align;
+  return piece != 0 ? piece : max_piece(channel, align);
 }
 
 namespace {
@@ -253,7 +267,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
   }
   const transport::PostHeader mine = header_of(call);
   Protocol protocol = uses_single_copy(ch, call) ? Protocol::kSingleCopy : choose_protocol(call.bytes).protocol;
-  const size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
+  size_t chunk = protocol == Protocol::kInline ? call.bytes : max_piece(ch, call.align);
   if (protocol != Protocol::kInline && chunk == 0) {
     co_return Status{ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte step of a {}-byte ring",
                                                           ch.label(), call.align, ch.max_step_bytes(), ch.ring_bytes())};
@@ -275,23 +289,31 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
     if (call.stats != nullptr) call.stats->single_copy = !fell_back;
     if (!fell_back) co_return Status::Ok();
     protocol = Protocol::kCopyInOut;  // headers compared, own block placed: the ring from here
+    chunk = pipeline_piece(ch, call.align);
     first = false;
-  } else if (call.stats != nullptr) {
-    call.stats->single_copy = false;
+  } else {
+    if (call.stats != nullptr) call.stats->single_copy = false;
+    if (protocol == Protocol::kCopyInOut) chunk = pipeline_piece(ch, call.align);
   }
   // How to copy into the ring: whichever has made whole calls faster here.
   const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
 
   // Sends `from` (call.bytes of it) in chunks, one lockstep step each, and
-  // hands what arrives to take(peer, offset, src, len).
+  // hands what arrives to take(peer, offset, src, len). The own block goes
+  // to the sink on the first step, or with own_each_step a chunk at each
+  // step, just after it was copied into the ring: still in this core's cache.
   using Take = FunctionRef<void(int peer, size_t offset, const std::byte* src, size_t len)>;
   bool in_place = false;  // some member's block was read in its heap: everyone says "done" at the end
-  auto send_in_steps = [&](const std::byte* from, Take take) -> engine::Task<Status> {
+  auto send_in_steps = [&](const std::byte* from, bool own_each_step, Take take) -> engine::Task<Status> {
     for (size_t off = 0; first || off < call.bytes;) {  // at least one step, even for 0 bytes
       const size_t len = std::min(chunk, call.bytes - off);
       const bool own_now = first;
       auto posted = [&] {
-        if (own_now) own();
+        if (own_each_step) {
+          if (len != 0) sink(me, off, call.input + off, len);
+        } else if (own_now) {
+          own();
+        }
       };
       auto take_step = [&](int peer, const std::byte* src) { take(peer, off, src, len); };
       Status s = co_await lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, &disagreeing,
@@ -315,13 +337,13 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
       auto take = [&](int peer, size_t off, const std::byte* src, size_t len) {
         if (peer == prev) sink(recv, off, src, len);
       };
-      Status s = co_await send_in_steps(from, take);
+      Status s = co_await send_in_steps(from, false, take);
       if (!s.ok()) co_return s;
     }
   } else {
     // One-shot: every member's chunk goes to every peer in the same step.
     auto take = [&](int peer, size_t off, const std::byte* src, size_t len) { sink(peer, off, src, len); };
-    Status s = co_await send_in_steps(call.input, take);
+    Status s = co_await send_in_steps(call.input, first, take);
     if (!s.ok()) co_return s;
   }
   if (in_place) {

@@ -22,7 +22,7 @@ const char* op_name(OpCode op);
 
 enum class Protocol {
   kInline,  // bytes ride in the post line: one cache-line transfer per peer
-  kCopyInOut,  // one-shot: copy in to own ring buffer, peers copy out, chunked by ring/4
+  kCopyInOut,  // one-shot: copy in to own ring buffer, peers copy out, in pipeline steps
   kSingleCopy,  // one-shot, large: peers read the owner's input straight into their
                 // output (CMA, process_vm_readv), then a second step says they are done
 };
@@ -81,7 +81,8 @@ struct GatherCall {
 
 // sink(member, offset, src, len): bytes [offset, offset+len) of member's input
 // are readable at src until the sink returns. Called for this member's own
-// input too (src = input), once, while peers are still copying in.
+// input too (src = input), in one piece or (the ring protocol) a piece per
+// step, while peers are still copying in.
 using PieceSink = FunctionRef<void(int member, size_t offset, const std::byte* src, size_t len)>;
 
 // A coroutine: run it with co_await, or hand it to an engine::Driver. `sink`
@@ -106,5 +107,12 @@ bool single_copy_suits(const transport::ShmChannel& channel, const GatherCall& c
 // Largest piece the ring protocol hands to the sink for this alignment (0: a
 // row does not fit one step).
 size_t max_piece(const transport::ShmChannel& channel, size_t align);
+// The step in which the ring protocol streams a block (the channel's
+// pipeline_bytes(), in whole rows; max_piece() where a row exceeds it).
+size_t pipeline_piece(const transport::ShmChannel& channel, size_t align);
+// What a group's creator asks the channel for (FG_PIPELINE_BYTES): a quarter
+// of the L2 cache, so that a step's bytes are still in the writer's cache
+// when peers read them, beside what the reader writes meanwhile.
+size_t default_pipeline_bytes();
 
 }  // namespace fastgather::algo

@@ -1,14 +1,12 @@
 #include "algo/copy_in.hpp"
 
+#include "base/caches.hpp"
 #include "base/env.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <string>
-#include <string_view>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -57,29 +55,9 @@ void copy_out(std::byte* dst, const std::byte* src, size_t len, bool streaming) 
   std::memcpy(dst, src, len);
 }
 
-namespace {
-
-// The largest cache cpu0 reports in sysfs, in bytes (0: none found). Not
-// sysconf(_SC_LEVEL3_CACHE_SIZE): under KVM it reports the host's (384 MiB
-// here, where the guest sees 32 MiB).
-size_t last_level_cache_bytes() {
-  size_t best = 0;
-  for (int i = 0; i < 8; ++i) {
-    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
-    size_t v = 0;
-    std::string unit;
-    if (!(f >> v)) continue;
-    f >> unit;
-    best = std::max(best, v << (unit == "K" ? 10 : unit == "M" ? 20 : 0));
-  }
-  return best;
-}
-
-}  // namespace
-
 bool streams_out(size_t output_bytes) {
   static const size_t from = [] {
-    const size_t llc = last_level_cache_bytes();
+    const size_t llc = base::cache_bytes(0);
     return base::env_count_or("FG_STREAM_OUT_BYTES", llc != 0 ? llc / 4 : size_t{8} << 20);  // checked by check_environment()
   }();
   return output_bytes >= from;

@@ -26,6 +26,8 @@ constexpr EnvVar kTable[] = {
     {"FG_TIMEOUT_MS", K::kCount, 0, 86'400'000, "", "5000", "a peer that does not arrive in this time fails the call (0: never)"},
     {"FG_TOKEN", K::kText, 0, 0, "", "empty (one server: a token of the spawner's own)", "job token every rank must present to the store"},
     {"FG_RING_BYTES", K::kCount, 16384, uint64_t{1} << 30, "", "4194304 (4 MiB)", "shared-memory ring per member"},
+    {"FG_PIPELINE_BYTES", K::kCount, 64, uint64_t{1} << 30, "", "a quarter of the L2 cache, at most FG_RING_BYTES/4",
+     "the ring protocol streams a block in steps of this many bytes (the group's creator decides)"},
     {"FG_SYMMETRIC_BYTES", K::kCount, 0, uint64_t{1} << 32, "", "1073741824 (1 GiB, reserved as used)",
      "symmetric heap per member of a group on one server, for Group::empty (0: none)"},
     {"FG_STREAM_OUT_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "a quarter of the last-level cache",

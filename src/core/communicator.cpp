@@ -573,7 +573,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
     seg = transport::ShmSegment::create(name, bytes);
     if (!seg.ok()) return where(seg.status());
-    transport::ShmChannel::format(seg.value().data(), local_n, ring);
+    transport::ShmChannel::format(seg.value().data(), local_n, ring, algo::default_pipeline_bytes());
     // The heap's segment is named after the ring's; its region size travels
     // with the name, so that every member lays it out as the creator did.
     const size_t region = local_n > 1 ? symmetric_bytes_from_env() : 0;

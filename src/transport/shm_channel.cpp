@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -21,13 +22,13 @@
 namespace fastgather::transport {
 namespace {
 
-constexpr uint64_t kMagic = 0x66672d73686d3031ULL;  // "fg-shm01"
+constexpr uint64_t kMagic = 0x66672d73686d3032ULL;  // "fg-shm02"
 constexpr size_t kCtlOffset = 64;
 
 struct SegmentHeader {
   uint64_t magic;
   uint32_t members;
-  uint32_t reserved;
+  uint32_t pipeline_bytes;  // the creator's choice, so that every member cuts blocks alike
   uint64_t ring_bytes;
 };
 
@@ -52,13 +53,19 @@ size_t ShmChannel::segment_bytes(int members, size_t ring_bytes) {
   return data_offset(members) + static_cast<size_t>(members) * ring_bytes;
 }
 
-void ShmChannel::format(std::byte* base, int members, size_t ring_bytes) {
+size_t ShmChannel::pipeline_bytes_for(size_t ring_bytes, size_t wanted) {
+  const size_t max_step = ring_bytes / 4 / 64 * 64;
+  return wanted == 0 ? max_step : std::clamp<size_t>(wanted / 64 * 64, 64, max_step);
+}
+
+void ShmChannel::format(std::byte* base, int members, size_t ring_bytes, size_t pipeline_bytes) {
   auto* h = reinterpret_cast<SegmentHeader*>(base);
   for (int m = 0; m < members; ++m) {
     new (base + kCtlOffset + sizeof(MemberCtl) * static_cast<size_t>(m)) MemberCtl();
   }
   h->members = static_cast<uint32_t>(members);
   h->ring_bytes = ring_bytes;
+  h->pipeline_bytes = static_cast<uint32_t>(pipeline_bytes_for(ring_bytes, pipeline_bytes));
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
 }
@@ -73,6 +80,7 @@ ShmChannel::ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me,
       label_(std::move(label)) {
   ctl_ = reinterpret_cast<MemberCtl*>(segment_.data() + kCtlOffset);
   data_ = segment_.data() + data_offset(members_);
+  pipeline_bytes_ = reinterpret_cast<const SegmentHeader*>(segment_.data())->pipeline_bytes;  // checked by check_format()
   pidfds_.assign(static_cast<size_t>(members_), -1);
   pids_.assign(static_cast<size_t>(members_), 0);
 }
@@ -85,7 +93,8 @@ ShmChannel::~ShmChannel() {
 
 Status ShmChannel::check_format() const {
   const auto* h = reinterpret_cast<const SegmentHeader*>(segment_.data());
-  if (h->magic != kMagic || h->members != static_cast<uint32_t>(members_) || h->ring_bytes != ring_bytes_) {
+  if (h->magic != kMagic || h->members != static_cast<uint32_t>(members_) || h->ring_bytes != ring_bytes_ ||
+      pipeline_bytes_ < 64 || pipeline_bytes_ % 64 != 0 || pipeline_bytes_ > max_step_bytes()) {
     return {ErrorKind::kSystem, fmt::format("{}: shared-memory segment {} has an unexpected layout", label_, segment_.name())};
   }
   return Status::Ok();

@@ -83,7 +83,11 @@ class ShmChannel {
   ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t ring_bytes, std::string label);
   ~ShmChannel();
 
-  static void format(std::byte* base, int members, size_t ring_bytes);
+  // pipeline_bytes: see pipeline_bytes() (0: max_step_bytes()).
+  static void format(std::byte* base, int members, size_t ring_bytes, size_t pipeline_bytes = 0);
+  // What format() makes of a wanted pipeline_bytes: whole cache lines, at
+  // least one, at most max_step_bytes().
+  static size_t pipeline_bytes_for(size_t ring_bytes, size_t wanted);
   Status check_format() const;
   void publish_pid();
   Status watch_members();  // opens a pidfd per member: death is noticed at once
@@ -95,6 +99,11 @@ class ShmChannel {
   size_t ring_bytes() const { return ring_bytes_; }
   // Largest step payload: a quarter of the ring, in whole cache lines.
   size_t max_step_bytes() const { return ring_bytes_ / 4 / 64 * 64; }
+  // The step in which a large block is streamed through the ring, so that
+  // peers start reading its first piece while its owner copies the next:
+  // the creator's choice (format()), the same for every member, so their
+  // steps line up.
+  size_t pipeline_bytes() const { return pipeline_bytes_; }
   const std::string& label() const { return label_; }
 
   uint64_t next_step() { return ++step_; }
@@ -160,6 +169,7 @@ class ShmChannel {
   int members_;
   int me_;
   size_t ring_bytes_;
+  size_t pipeline_bytes_ = 0;
   size_t cursor_ = 0;
   std::string label_;
   MemberCtl* ctl_ = nullptr;

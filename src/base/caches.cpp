@@ -1,0 +1,27 @@
+#include "base/caches.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+namespace fastgather::base {
+
+size_t cache_bytes(int level) {
+  size_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream size_file(dir + "size"), level_file(dir + "level"), type_file(dir + "type");
+    size_t v = 0;
+    int l = 0;
+    std::string unit, type;
+    if (!(size_file >> v) || !(level_file >> l)) continue;
+    size_file >> unit;
+    type_file >> type;
+    if (type == "Instruction") continue;
+    const size_t bytes = v << (unit == "K" ? 10 : unit == "M" ? 20 : 0);
+    if (level == 0 || l == level) best = std::max(best, bytes);
+  }
+  return best;
+}
+
+}  // namespace fastgather::base
