@@ -261,8 +261,9 @@ TEST(SymmetricFallback, SmallRingManyStepsInPlace) {
 
 // Pipeline steps of 65 cache lines (FG_PIPELINE_BYTES=4160): every block of
 // the ring path spans many steps that end mid-row and mid-page, with the own
-// block placed a step at a time; plain memory, huge-page tensors with single
-// copy off, and symmetric inputs.
+// block placed a step at a time, and single copy reads a heap block in such
+// pieces; plain memory, symmetric inputs (single copy on, then off) and
+// huge-page tensors with single copy off.
 TEST(Pipeline, OddStepsEveryByte) {
   fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_PIPELINE_BYTES", "4160"}});
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
@@ -270,6 +271,7 @@ TEST(Pipeline, OddStepsEveryByte) {
     RANK_OK(comm.status());
     return gather_all_sizes((*comm)->world(), false, Input::kPlain);
   }));
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, true, false, Input::kSymmetric); }));
   fgtest::ScopedEnv off({std::pair<const char*, const char*>{"FG_SINGLE_COPY", "off"}});
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kTensor); }));
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kSymmetric); }));
