@@ -55,6 +55,11 @@ TEST(LimitModel, InterpolatesCopiesAndAddsTheTerms) {
   // rtt/2 + (n-1) * peer + local
   EXPECT_NEAR(all_gather_limit_us(l, 4096, 2), 0.1 + 8.0 + 4.0, 1e-9);
   EXPECT_NEAR(all_gather_limit_us(l, 4096, 4), 0.1 + 3 * 8.0 + 4.0, 1e-9);
+  // Two members with both CPUs measured at once: rtt/2 + that; more members: as before.
+  l.both = {{1024, 5.0}, {4096, 15.0}};
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 2), 0.1 + 15.0, 1e-9);
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 4), 0.1 + 3 * 8.0 + 4.0, 1e-9);
+  EXPECT_NEAR(all_gather_limit_us(l, 4096, 4, 2), 0.1 + 15.0, 1e-9);  // two of them on this server
 }
 
 TEST(LimitModel, MeasuredFiguresAreSane) {
@@ -65,7 +70,10 @@ TEST(LimitModel, MeasuredFiguresAreSane) {
   EXPECT_LT(l.rtt_ns, 1e6);
   for (const auto& p : l.local) EXPECT_GT(p.us, 0);
   for (const auto& p : l.peer) EXPECT_GT(p.us, 0);
+  ASSERT_EQ(l.both.size(), 2u);
+  for (const auto& p : l.both) EXPECT_GT(p.us, 0);
   EXPECT_GT(l.local[1].us, l.local[0].us);  // 16x the bytes take longer
+  EXPECT_GT(l.both[1].us, l.both[0].us);
 }
 
 namespace {

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "algo/copy_in.hpp"
 #include "report.hpp"
 #include "stats.hpp"
 
@@ -34,7 +35,48 @@ int reps_for(size_t bytes) { return static_cast<int>(std::clamp<size_t>((64u << 
 
 struct Shared {
   alignas(64) std::atomic<uint64_t> turn{0};
+  alignas(64) std::atomic<uint64_t> arrived{0};  // "both at once": arrivals at the start line
 };
+
+// Private memory as fastgather's outputs get it (Tensor: huge pages from 1 MiB).
+struct Output {
+  explicit Output(size_t bytes) : bytes(std::max<size_t>(bytes, 1)) {
+    void* p = ::mmap(nullptr, this->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+    if (data != nullptr) {
+      ::madvise(data, this->bytes, MADV_HUGEPAGE);
+      std::memset(data, 0, this->bytes);
+    }
+  }
+  ~Output() {
+    if (data != nullptr) ::munmap(data, bytes);
+  }
+  size_t bytes;
+  char* data = nullptr;
+};
+
+// Both CPUs at once, as two ranks of an all-gather: each copies the block the
+// other wrote into the first half of its output and its own block into the
+// second. Both start together (a spin barrier); returns this CPU's times.
+// With `streaming`, the copies use streaming stores (algo::copy_out), as
+// fastgather's do for large outputs; the bound takes the faster way.
+std::vector<double> copy_both(Shared* sh, const char* peer_block, const char* own_block, char* out, size_t bytes,
+                              bool streaming, int reps, uint64_t* round) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    ++*round;
+    sh->arrived.fetch_add(1, std::memory_order_acq_rel);
+    while (sh->arrived.load(std::memory_order_acquire) < 2 * *round) {
+    }
+    auto t0 = Clock::now();
+    auto* o = reinterpret_cast<std::byte*>(out);
+    algo::copy_out(o, reinterpret_cast<const std::byte*>(peer_block), bytes, streaming);
+    algo::copy_out(o + bytes, reinterpret_cast<const std::byte*>(own_block), bytes, streaming);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  return t;
+}
 
 }  // namespace
 
@@ -66,12 +108,16 @@ Limits measure_limits(const std::vector<size_t>& sizes_in, int cpu_a, int cpu_b)
     }
   }
 
-  // Ping-pong and peer-written copies against a helper on cpu_b.
-  const size_t map_bytes = 4096 + max_bytes;
+  // Ping-pong and peer-written copies against a helper on cpu_b; then both
+  // at once. The blocks are shared memory of 4 KiB pages, as the group's
+  // symmetric heap is: buf (the helper's), buf_a (this CPU's).
+  const size_t map_bytes = 4096 + 2 * max_bytes;
   void* mem = ::mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return l;
   auto* sh = new (mem) Shared();
   char* buf = static_cast<char*>(mem) + 4096;
+  char* buf_a = buf + max_bytes;
+  std::memset(buf_a, 0x5a, max_bytes);
   std::vector<char> dst(max_bytes);
   constexpr int kPings = 20000;
   std::vector<int> reps;
@@ -93,6 +139,11 @@ Limits measure_limits(const std::vector<size_t>& sizes_in, int cpu_a, int cpu_b)
         std::memset(buf, static_cast<int>(turn & 0xff), sizes[k]);
         sh->turn.store(turn + 1, std::memory_order_release);
       }
+    }
+    Output out(2 * max_bytes);
+    uint64_t round = 0;
+    for (size_t k = 0; k < sizes.size() && out.data != nullptr; ++k) {
+      for (bool streaming : {false, true}) (void)copy_both(sh, buf_a, buf, out.data, sizes[k], streaming, reps[k], &round);
     }
     ::_exit(0);
   }
@@ -117,6 +168,18 @@ Limits measure_limits(const std::vector<size_t>& sizes_in, int cpu_a, int cpu_b)
     }
     l.peer.push_back({sizes[k], summarize(t).median});
   }
+  {
+    Output out(2 * max_bytes);
+    uint64_t round = 0;
+    for (size_t k = 0; k < sizes.size() && out.data != nullptr; ++k) {
+      double best = 0;
+      for (bool streaming : {false, true}) {
+        const double us = summarize(copy_both(sh, buf, buf_a, out.data, sizes[k], streaming, reps[k], &round)).median;
+        best = best == 0 ? us : std::min(best, us);
+      }
+      l.both.push_back({sizes[k], best});
+    }
+  }
   int status = 0;
   ::waitpid(helper, &status, 0);
   ::munmap(mem, map_bytes);
@@ -140,7 +203,12 @@ double copy_us(const std::vector<CopyPoint>& p, size_t bytes) {
 
 double all_gather_limit_us(const Limits& l, size_t bytes, int ranks, int remote_blocks) {
   const int local = ranks - remote_blocks;
-  const double shm = l.rtt_ns / 2e3 + (local - 1) * copy_us(l.peer, bytes) + copy_us(l.local, bytes);
+  // Two members on this server: what the two CPUs measured doing it at once.
+  // Otherwise one CPU's copies while the others idle (optimistic: they share
+  // the memory bandwidth too).
+  const double shm = l.rtt_ns / 2e3 + (local == 2 && !l.both.empty()
+                                           ? copy_us(l.both, bytes)
+                                           : (local - 1) * copy_us(l.peer, bytes) + copy_us(l.local, bytes));
   if (remote_blocks == 0 || l.wire.empty()) return shm;
   const CopyPoint& big = l.wire.back();
   const double us_per_byte = big.bytes > 0 ? big.us / static_cast<double>(big.bytes) : 0;
@@ -151,12 +219,14 @@ double all_gather_limit_us(const Limits& l, size_t bytes, int ranks, int remote_
 std::string format_limits(const Limits& l) {
   std::string s = fmt::format("### Machine limits (CPU {} <-> CPU {})\n\ncache-line round trip: {:.0f} ns\n\n", l.cpu_a,
                               l.cpu_b, l.rtt_ns);
-  s += "| bytes | local memcpy (us) | GB/s | copy of peer-written data (us) | GB/s |\n|---:|---:|---:|---:|---:|\n";
+  s += "| bytes | local memcpy (us) | GB/s | copy of peer-written data (us) | GB/s | both CPUs at once: peer's + own block, faster of regular and streaming stores (us) | GB/s per CPU |\n"
+       "|---:|---:|---:|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < l.local.size() && i < l.peer.size(); ++i) {
     const double b = static_cast<double>(l.local[i].bytes);
-    s += fmt::format("| {} | {:.2f} | {:.1f} | {:.2f} | {:.1f} |\n", human_bytes(b), l.local[i].us,
+    const double both = i < l.both.size() ? l.both[i].us : 0;
+    s += fmt::format("| {} | {:.2f} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.1f} |\n", human_bytes(b), l.local[i].us,
                      l.local[i].us > 0 ? b / l.local[i].us / 1e3 : 0.0, l.peer[i].us,
-                     l.peer[i].us > 0 ? b / l.peer[i].us / 1e3 : 0.0);
+                     l.peer[i].us > 0 ? b / l.peer[i].us / 1e3 : 0.0, both, both > 0 ? 2 * b / both / 1e3 : 0.0);
   }
   if (!l.wire.empty()) {
     s += fmt::format("\nBetween servers ({}): one message, one way (half the median round trip)\n\n"

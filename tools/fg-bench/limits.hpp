@@ -7,8 +7,10 @@
 //   - bring (n-1) blocks of S bytes another core just wrote into this core's
 //     output: (n-1) * t_peer(S),
 //   - place its own block: t_local(S) (a local memcpy),
-// so limit(S, n) = rtt/2 + (n-1) * t_peer(S) + t_local(S). (Across servers,
-// see all_gather_limit_us.) This is a
+// so limit(S, n) = rtt/2 + (n-1) * t_peer(S) + t_local(S); with two members
+// on the server, rtt/2 + t_both(S), both CPUs copying at once, as they do in
+// the all-gather (they share the memory bandwidth). (Across servers, see
+// all_gather_limit_us.) This is a
 // single-copy bound: our two-copy shared-memory path cannot reach it, and the
 // gap is the price of the copy into the ring. The fused op adds the GEMM of
 // the gathered matrix at this machine's single-thread OpenBLAS speed.
@@ -29,6 +31,10 @@ struct Limits {
   double rtt_ns = 0;                // cache-line round trip between the two CPUs
   std::vector<CopyPoint> local;     // memcpy, source and destination private and warm
   std::vector<CopyPoint> peer;      // copy of a buffer the other CPU has just written
+  // Both CPUs at once, each copying the other's block and its own into a
+  // private output: a 2-rank all-gather's copies, without its steps (the
+  // faster of regular and streaming stores).
+  std::vector<CopyPoint> both;
   int cpu_a = -1, cpu_b = -1;
   // Several servers: one-way time of one UCX message between two servers
   // (wire.hpp), and what the transport is.

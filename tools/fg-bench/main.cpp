@@ -333,7 +333,8 @@ Status write_json(const std::string& path, nlohmann::json config, bool use_mpi, 
   config["limits"] = {{"rtt_ns", limits.rtt_ns}};
   for (size_t i = 0; i < limits.local.size() && i < limits.peer.size(); ++i) {
     config["limits"]["copy"].push_back(
-        {{"bytes", limits.local[i].bytes}, {"local_us", limits.local[i].us}, {"peer_us", limits.peer[i].us}});
+        {{"bytes", limits.local[i].bytes}, {"local_us", limits.local[i].us}, {"peer_us", limits.peer[i].us},
+         {"both_us", i < limits.both.size() ? limits.both[i].us : 0.0}});
   }
   for (const CopyPoint& p : limits.wire) config["limits"]["wire"].push_back({{"bytes", p.bytes}, {"one_way_us", p.us}});
   std::ofstream f(path);
