@@ -80,6 +80,34 @@ def table(data, op, others, with_limits=True):
     return lines
 
 
+def copy_us(points, b):
+    """fg-bench's copy_us(): log-log between measured sizes, proportional outside."""
+    import math
+    if not points or b == 0:
+        return 0.0
+    if b <= points[0][0]:
+        return points[0][1] * b / points[0][0]
+    for (b0, y0), (b1, y1) in zip(points, points[1:]):
+        if b <= b1:
+            x0, x1 = math.log(b0), math.log(b1)
+            l0, l1 = math.log(max(y0, 1e-6)), math.log(max(y1, 1e-6))
+            return math.exp(l0 + (l1 - l0) * (math.log(b) - x0) / (x1 - x0))
+    return points[-1][1] * b / points[-1][0]
+
+
+def old_model_pct(data, row):
+    """% of the bound fg-bench used before 2026-12-03 for 2 ranks: rtt/2 + t_peer + t_local,
+    one CPU copying at a time (None where the run has no such figures)."""
+    lim = data["config"].get("limits") or {}
+    copy = lim.get("copy") or []
+    if row.get("group_size") != 2 or not copy or not lim.get("rtt_ns") or not row["median_us"]:
+        return None
+    local = [(c["bytes"], c["local_us"]) for c in copy]
+    peer = [(c["bytes"], c["peer_us"]) for c in copy]
+    b = row["bytes_per_rank"]
+    return 100 * (lim["rtt_ns"] / 2e3 + copy_us(peer, b) + copy_us(local, b)) / row["median_us"]
+
+
 def targets(label, data, with_limits):
     """(target, met sizes, missed sizes with figures) for one run."""
     out = []
@@ -113,6 +141,16 @@ def targets(label, data, with_limits):
                     items.append((size(b), f["pct_of_limit"] >= want, f"{f['pct_of_limit']:.1f}% (< {want}%)"))
             if items:
                 check(f"{what} % of limit: >= 75% to 3 MB, >= 60% above", items)
+            # The same against the bound before 2026-12-03 (one CPU at a time), for comparison.
+            items = []
+            for b, i in ag.items():
+                f = i.get(impl)
+                pct = old_model_pct(data, f) if f and f.get("pct_of_limit") else None
+                if pct is not None:
+                    want = 75 if b <= 3 << 20 else 60
+                    items.append((size(b), pct >= want, f"{pct:.1f}% (< {want}%)"))
+            if items:
+                check(f"{what} % of the old limit (one CPU at a time, before 2026-12-03)", items)
     items = []
     for b, i in mm.items():
         if "fastgather" in i and "unfused" in i:
