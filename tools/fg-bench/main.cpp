@@ -189,6 +189,14 @@ nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& 
 
 using CaseFactory = std::function<std::unique_ptr<Case>()>;
 
+// The implementations of one op at one size, measured side by side when
+// their buffers fit (run_rank): `bytes` is what one rank holds for each of
+// them, about (members + 1) x its block.
+struct CaseGroup {
+  std::vector<CaseFactory> cases;
+  size_t bytes = 0;
+};
+
 // The sizes a limits table measures: a few small ones, then each row's
 // per-rank bytes (past 16 MiB the copy times are extrapolated).
 std::vector<size_t> limit_sizes(const Options& o, DType ag_dtype, std::vector<size_t> small) {
@@ -235,18 +243,25 @@ int remote_blocks(const Communicator& comm, const Group& g) {
 
 // For each size, the ops asked for, and with --compare the other
 // implementations of each.
-std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Options& o, DType ag_dtype, DType mm_dtype,
-                                    bool use_mpi, bool lead) {
+std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Options& o, DType ag_dtype, DType mm_dtype,
+                                  bool use_mpi, bool lead) {
   std::set<int> servers;
   for (int r : g.ranks()) servers.insert(comm.config().server_of(r));
   const bool spans = servers.size() > 1;
   const bool one_per_server = servers.size() == g.ranks().size();
   auto wants = [&](const char* op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
-  std::vector<CaseFactory> cases;
+  std::vector<CaseGroup> groups;
   for (int64_t m : o.ms) {
     const bool symmetric = o.input == "symmetric";
     const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1, spans, symmetric};
+    const size_t held = static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype) * static_cast<size_t>(g.size() + 1) *
+                        static_cast<size_t>(s.variants);
+    auto next_group = [&] {
+      groups.push_back({{}, held});
+      return &groups.back().cases;
+    };
     if (wants("all_gather")) {
+      std::vector<CaseFactory>& cases = *next_group();
       cases.push_back([&g, s] { return make_all_gather(g, s); });
       // On one server: what symmetric inputs save (the same list on every rank,
       // whether or not its group has a heap, or the ranks' calls would differ).
@@ -263,6 +278,7 @@ std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Op
       if (use_mpi) cases.push_back([s] { return mpi::make_all_gather(s, 0); });
     }
     if (wants("all_gather_list")) {
+      std::vector<CaseFactory>& cases = *next_group();
       cases.push_back([&g, s] { return make_all_gather_list(g, s); });
       if (o.compare) cases.push_back([&g, s] { return make_staged_all_gather_list(g, s); });
     }
@@ -275,11 +291,32 @@ std::vector<CaseFactory> plan_cases(const Communicator& comm, Group& g, const Op
         continue;
       }
       const CaseShape f{static_cast<int64_t>(bytes / row_bytes), o.hidden, mm_dtype, o.n, o.dv ? 8 : 1, spans, symmetric};
+      std::vector<CaseFactory>& cases = *next_group();
       cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
       if (o.compare) cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
     }
   }
-  return cases;
+  return groups;
+}
+
+// Whether a group's cases may be alive at once: their buffers, on every rank
+// of this host, within a quarter of its memory. Rank 0 decides for all (the
+// hosts of a job may differ), so every rank measures the same way.
+Result<bool> side_by_side(Communicator& comm, const CaseGroup& group) {
+  int64_t fits = 0;
+  if (comm.rank() == 0 && group.cases.size() > 1) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+    const double need = static_cast<double>(group.bytes) * static_cast<double>(group.cases.size()) *
+                        static_cast<double>(comm.config().ranks_on(comm.config().server_index));
+    fits = need <= memory / 4 ? 1 : 0;
+  }
+  std::vector<int64_t> all(static_cast<size_t>(comm.size()));
+  if (Status s = all_gather(comm.world(), TensorView(&fits, DType::kI64, {1}), TensorView(all.data(), DType::kI64, {comm.size()}));
+      !s.ok()) {
+    return s;
+  }
+  return all[0] != 0;
 }
 
 std::string mpi_line(bool use_mpi, int servers) {
@@ -381,34 +418,55 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
   }
 
   Runner runner(**comm, g, o.run);
-  const std::vector<CaseFactory> cases = plan_cases(**comm, g, o, ag_dtype, mm_dtype, use_mpi, lead);
+  const std::vector<CaseGroup> groups = plan_cases(**comm, g, o, ag_dtype, mm_dtype, use_mpi, lead);
+  size_t total = 0, done = 0;
+  for (const CaseGroup& grp : groups) total += grp.cases.size();
   std::vector<Row> rows;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    std::unique_ptr<Case> cs;
-    try {
-      cs = cases[i]();
-    } catch (const std::exception& e) {  // no memory for its buffers, say
-      return fail({ErrorKind::kResourceExhausted, fmt::format("cannot prepare a case: {}", e.what())});
+  // Measures cases side by side (their trials in turn) and keeps their rows.
+  auto measure = [&](std::vector<std::unique_ptr<Case>>& cs) -> Status {
+    std::vector<Case*> ptrs;
+    for (auto& c : cs) ptrs.push_back(c.get());
+    progress(lead, done, total, *cs.front());
+    std::vector<Result<Row>> results = runner.measure_together(ptrs);
+    for (size_t i = 0; i < cs.size(); ++i) {
+      Result<Row>& r = results[i];
+      if (!r.ok() && r.status().kind() == ErrorKind::kUnsupported) {
+        // Refused on every rank before any byte moved (a row too large for the
+        // ring, say): the group is intact; report it and go on with the rest.
+        if (lead) std::fprintf(stderr, "fg-bench: %s %s at %s per rank skipped: %s\n", cs[i]->op.c_str(), cs[i]->impl.c_str(),
+                               human_bytes(static_cast<double>(cs[i]->bytes_per_rank)).c_str(), r.status().message().c_str());
+        continue;
+      }
+      if (!r.ok()) return r.status();
+      Row row = r.value();
+      if (with_limits && lead) {
+        row.limit_us = all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g)) +
+                       cs[i]->compute_floor_us();
+        row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
+      }
+      rows.push_back(std::move(row));
     }
-    progress(lead, i, cases.size(), *cs);
-    auto r = runner.measure(*cs);
-    if (!r.ok() && r.status().kind() == ErrorKind::kUnsupported) {
-      // Refused on every rank before any byte moved (a row too large for the
-      // ring, say): the group is intact; report it and go on with the rest.
-      if (lead) std::fprintf(stderr, "fg-bench: %s %s at %s per rank skipped: %s\n", cs->op.c_str(), cs->impl.c_str(),
-                             human_bytes(static_cast<double>(cs->bytes_per_rank)).c_str(), r.status().message().c_str());
-      progress(lead, i + 1, cases.size(), *cs);
-      continue;
+    done += cs.size();
+    progress(lead, done, total, *cs.back());
+    return Status::Ok();
+  };
+  for (const CaseGroup& grp : groups) {
+    if (grp.cases.empty()) continue;
+    auto together = side_by_side(**comm, grp);
+    if (!together.ok()) return fail(together.status());
+    // Side by side when the buffers fit, else one case at a time.
+    std::vector<std::unique_ptr<Case>> batch;
+    for (size_t i = 0; i < grp.cases.size(); ++i) {
+      try {
+        batch.push_back(grp.cases[i]());
+      } catch (const std::exception& e) {  // no memory for its buffers, say
+        return fail({ErrorKind::kResourceExhausted, fmt::format("cannot prepare a case: {}", e.what())});
+      }
+      if (!together.value() || i + 1 == grp.cases.size()) {
+        if (Status s = measure(batch); !s.ok()) return fail(s);
+        batch.clear();
+      }
     }
-    if (!r.ok()) return fail(r.status());
-    Row row = r.value();
-    if (with_limits && lead) {
-      row.limit_us = all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g)) +
-                     cs->compute_floor_us();
-      row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
-    }
-    rows.push_back(std::move(row));
-    progress(lead, i + 1, cases.size(), *cs);
   }
   bool failed = false;
   for (const Row& r : rows) failed |= r.check == "failed";

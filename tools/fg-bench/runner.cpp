@@ -34,11 +34,11 @@ Result<std::vector<std::vector<double>>> Runner::gather_world(const std::vector<
   return per_rank;
 }
 
-Result<Row> Runner::measure(Case& c) {
-  Group& world = comm_.world();
-  // Warm-up in rounds until rank 0 has spent a tenth of the budget, so the
-  // ring has gone round and caches are settled. Collectives must match, so
-  // rank 0 decides for everyone after each round.
+// Warm-up in rounds until rank 0 has spent a tenth of the budget, so the
+// ring has gone round and caches are settled; then an iteration count from
+// a short probe, rank 0's for everyone. Collectives must match, so rank 0
+// decides for everyone after each round.
+Result<int64_t> Runner::warm_and_count(Case& c) {
   auto w0 = Clock::now();
   for (int round = 0; round < 64; ++round) {
     for (int i = 0; i < std::max(opt_.warmup, 1); ++i) {
@@ -66,67 +66,70 @@ Result<Row> Runner::measure(Case& c) {
                                  : std::clamp<int64_t>(static_cast<int64_t>(opt_.time_ms * 1e3 / est_us), 10, 200000);
   auto agreed = gather_world(iters);  // rank 0's count, so every rank runs the same
   if (!agreed.ok()) return agreed.status();
-  iters = agreed.value()[0];
-
-  std::vector<double> pooled, trial_medians, skews;
-  std::string check_error;
   c.phase_us.clear();
-  uint64_t it = 0;
-  for (int trial = 0; trial < std::max(opt_.trials, 1); ++trial) {
-    std::vector<double> lat(static_cast<size_t>(iters)), done(static_cast<size_t>(iters));
-    if (Status s = barrier(world); !s.ok()) return s;
-    for (int64_t i = 0; i < iters; ++i) {
-      ++it;
-      if (opt_.check) {
-        c.prepare(it);
-        if (Status s = barrier(group_); !s.ok()) return s;  // ranks start together
-      }
-      auto start = Clock::now();
-      Status s = c.run(it);
-      lat[static_cast<size_t>(i)] = us_since(start);
-      done[static_cast<size_t>(i)] = now_us();
-      if (!s.ok()) return s;
-      if (opt_.check && check_error.empty()) check_error = c.verify(it);
-    }
-    // Slowest rank per iteration, and how far apart the ranks finished.
-    auto per_rank = gather_world(lat);
-    if (!per_rank.ok()) return per_rank.status();
-    auto ends = gather_world(done);
-    if (!ends.ok()) return ends.status();
-    std::vector<double> slowest = slowest_per_iteration(per_rank.value());
-    trial_medians.push_back(summarize(slowest).median);
-    pooled.insert(pooled.end(), slowest.begin(), slowest.end());
-    for (size_t i = 0; i < static_cast<size_t>(iters); ++i) {
-      double lo = 1e300, hi = -1e300;
-      for (const auto& r : ends.value()) {
-        lo = std::min(lo, r[i]);
-        hi = std::max(hi, r[i]);
-      }
-      skews.push_back(hi - lo);
-    }
-  }
+  return agreed.value()[0];
+}
 
+Status Runner::run_trial(Measuring& p) {
+  Group& world = comm_.world();
+  Case& c = *p.c;
+  std::vector<double> lat(static_cast<size_t>(p.iters)), done(static_cast<size_t>(p.iters));
+  if (Status s = barrier(world); !s.ok()) return s;
+  for (int64_t i = 0; i < p.iters; ++i) {
+    ++p.it;
+    if (opt_.check) {
+      c.prepare(p.it);
+      if (Status s = barrier(group_); !s.ok()) return s;  // ranks start together
+    }
+    auto start = Clock::now();
+    Status s = c.run(p.it);
+    lat[static_cast<size_t>(i)] = us_since(start);
+    done[static_cast<size_t>(i)] = now_us();
+    if (!s.ok()) return s;
+    if (opt_.check && p.check_error.empty()) p.check_error = c.verify(p.it);
+  }
+  // Slowest rank per iteration, and how far apart the ranks finished.
+  auto per_rank = gather_world(lat);
+  if (!per_rank.ok()) return per_rank.status();
+  auto ends = gather_world(done);
+  if (!ends.ok()) return ends.status();
+  std::vector<double> slowest = slowest_per_iteration(per_rank.value());
+  p.trial_medians.push_back(summarize(slowest).median);
+  p.pooled.insert(p.pooled.end(), slowest.begin(), slowest.end());
+  for (size_t i = 0; i < static_cast<size_t>(p.iters); ++i) {
+    double lo = 1e300, hi = -1e300;
+    for (const auto& r : ends.value()) {
+      lo = std::min(lo, r[i]);
+      hi = std::max(hi, r[i]);
+    }
+    p.skews.push_back(hi - lo);
+  }
+  return Status::Ok();
+}
+
+Result<Row> Runner::finish(Measuring& p) {
+  Case& c = *p.c;
   Row row;
   row.op = c.op;
   row.impl = c.impl;
   row.m = c.m;
   row.dtype = c.dtype;
   row.bytes_per_rank = c.bytes_per_rank;
-  row.world = world.size();
+  row.world = comm_.world().size();
   row.group_size = group_.size();
-  row.iters = pooled.size();
-  row.trials = std::max(opt_.trials, 1);
-  row.lat = summarize(pooled);
-  row.trial_median_min = *std::min_element(trial_medians.begin(), trial_medians.end());
-  row.trial_median_max = *std::max_element(trial_medians.begin(), trial_medians.end());
-  row.skew_us = summarize(skews).avg;
+  row.iters = p.pooled.size();
+  row.trials = static_cast<int>(p.trial_medians.size());
+  row.lat = summarize(p.pooled);
+  row.trial_median_min = *std::min_element(p.trial_medians.begin(), p.trial_medians.end());
+  row.trial_median_max = *std::max_element(p.trial_medians.begin(), p.trial_medians.end());
+  row.skew_us = summarize(p.skews).avg;
   row.effective_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
   row.algbw_gbs = algbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
   row.busbw_gbs = busbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
 
   // Phases: per call, the slowest rank's average. Every rank takes part.
   std::vector<double> phase_values;
-  for (auto& [name, total] : c.phase_us) phase_values.push_back(total / static_cast<double>(pooled.size()));
+  for (auto& [name, total] : c.phase_us) phase_values.push_back(total / static_cast<double>(p.pooled.size()));
   auto phases = gather_world(phase_values);
   if (!phases.ok()) return phases.status();
   size_t k = 0;
@@ -137,9 +140,9 @@ Result<Row> Runner::measure(Case& c) {
     ++k;
   }
 
-  auto failed = gather_world(check_error.empty() ? 0 : 1);
+  auto failed = gather_world(p.check_error.empty() ? 0 : 1);
   if (!failed.ok()) return failed.status();
-  if (!check_error.empty()) std::fprintf(stderr, "fg-bench: rank %d: %s\n", comm_.rank(), check_error.c_str());
+  if (!p.check_error.empty()) std::fprintf(stderr, "fg-bench: rank %d: %s\n", comm_.rank(), p.check_error.c_str());
   if (opt_.check) {
     row.check = "ok";
     for (int64_t f : failed.value()) {
@@ -147,6 +150,52 @@ Result<Row> Runner::measure(Case& c) {
     }
   }
   return row;
+}
+
+Result<Row> Runner::measure(Case& c) {
+  std::vector<Result<Row>> rows = measure_together({&c});
+  return std::move(rows.front());
+}
+
+std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& cases) {
+  std::vector<Result<Row>> rows(cases.size(), Status{ErrorKind::kSystem, "not measured"});
+  std::vector<Measuring> live;
+  std::vector<size_t> index;  // live[j] is cases[index[j]]
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto iters = warm_and_count(*cases[i]);
+    if (!iters.ok()) {
+      rows[i] = iters.status();
+      // Refused on every rank before any byte moved (kUnsupported): the group
+      // is intact and the others go on. Anything else ends the measurement.
+      if (iters.status().kind() != ErrorKind::kUnsupported) return rows;
+      continue;
+    }
+    live.push_back(Measuring{cases[i], iters.value()});
+    index.push_back(i);
+  }
+  for (int trial = 0; trial < std::max(opt_.trials, 1); ++trial) {
+    for (size_t j = 0; j < live.size(); ++j) {
+      Measuring& p = live[j];
+      if (live.size() > 1) {
+        // The others ran meanwhile: a few calls to bring this one's buffers
+        // back into the caches, as its warm-up did (not counted, nor phased).
+        const auto phases = p.c->phase_us;
+        for (int i = 0; i < std::max(opt_.warmup, 1); ++i) {
+          if (Status s = p.c->run(p.it); !s.ok()) {
+            rows[index[j]] = s;
+            return rows;
+          }
+        }
+        p.c->phase_us = phases;
+      }
+      if (Status s = run_trial(p); !s.ok()) {
+        rows[index[j]] = s;
+        return rows;
+      }
+    }
+  }
+  for (size_t j = 0; j < live.size(); ++j) rows[index[j]] = finish(live[j]);
+  return rows;
 }
 
 }  // namespace fastgather::bench

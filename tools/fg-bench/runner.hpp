@@ -1,6 +1,6 @@
-// Times a Case on every rank: warm-up, an iteration count agreed across
-// ranks from a time budget, per-iteration latencies reduced to the slowest
-// rank's, and the check verdict of every rank.
+// Times a Case (or several side by side) on every rank: warm-up, an
+// iteration count agreed across ranks from a time budget, per-iteration
+// latencies reduced to the slowest rank's, and the check verdict of every rank.
 #pragma once
 
 #include <map>
@@ -42,8 +42,24 @@ class Runner {
  public:
   Runner(Communicator& comm, Group& group, RunOptions options) : comm_(comm), group_(group), opt_(options) {}
   Result<Row> measure(Case& c);
+  // Several cases side by side: each warmed up and counted, then their trials
+  // in turn (trial 1 of each, trial 2 of each, ...), so that a slow minute of
+  // the host falls on all of them, not on one. A row per case, in order; a
+  // case refused with kUnsupported before any byte moved is left out (its
+  // status in its place), any other error ends the measurement.
+  std::vector<Result<Row>> measure_together(const std::vector<Case*>& cases);
 
  private:
+  struct Measuring {
+    Case* c;
+    int64_t iters;
+    uint64_t it = 0;
+    std::vector<double> pooled, trial_medians, skews;
+    std::string check_error;
+  };
+  Result<int64_t> warm_and_count(Case& c);
+  Status run_trial(Measuring& p);
+  Result<Row> finish(Measuring& p);
   // Every world rank's value of x, in rank order.
   Result<std::vector<int64_t>> gather_world(int64_t x);
   // Every world rank's vector (all of the same length), in rank order.
