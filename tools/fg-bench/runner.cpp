@@ -152,11 +152,6 @@ Result<Row> Runner::finish(Measuring& p) {
   return row;
 }
 
-Result<Row> Runner::measure(Case& c) {
-  std::vector<Result<Row>> rows = measure_together({&c});
-  return std::move(rows.front());
-}
-
 std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& cases) {
   std::vector<Result<Row>> rows(cases.size(), Status{ErrorKind::kSystem, "not measured"});
   std::vector<Measuring> live;

@@ -41,8 +41,7 @@ struct Row {
 class Runner {
  public:
   Runner(Communicator& comm, Group& group, RunOptions options) : comm_(comm), group_(group), opt_(options) {}
-  Result<Row> measure(Case& c);
-  // Several cases side by side: each warmed up and counted, then their trials
+  // Cases side by side: each warmed up and counted, then their trials
   // in turn (trial 1 of each, trial 2 of each, ...), so that a slow minute of
   // the host falls on all of them, not on one. A row per case, in order; a
   // case refused with kUnsupported before any byte moved is left out (its
