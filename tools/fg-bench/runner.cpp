@@ -154,15 +154,17 @@ Result<Row> Runner::finish(Measuring& p) {
 
 std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& cases) {
   std::vector<Result<Row>> rows(cases.size(), Status{ErrorKind::kSystem, "not measured"});
+  // An error that ends the measurement is every case's outcome.
+  auto ended = [&](const Status& s) { return std::vector<Result<Row>>(cases.size(), s); };
   std::vector<Measuring> live;
   std::vector<size_t> index;  // live[j] is cases[index[j]]
   for (size_t i = 0; i < cases.size(); ++i) {
     auto iters = warm_and_count(*cases[i]);
     if (!iters.ok()) {
-      rows[i] = iters.status();
       // Refused on every rank before any byte moved (kUnsupported): the group
       // is intact and the others go on. Anything else ends the measurement.
-      if (iters.status().kind() != ErrorKind::kUnsupported) return rows;
+      if (iters.status().kind() != ErrorKind::kUnsupported) return ended(iters.status());
+      rows[i] = iters.status();
       continue;
     }
     live.push_back(Measuring{cases[i], iters.value()});
@@ -176,17 +178,11 @@ std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& case
         // back into the caches, as its warm-up did (not counted, nor phased).
         const auto phases = p.c->phase_us;
         for (int i = 0; i < std::max(opt_.warmup, 1); ++i) {
-          if (Status s = p.c->run(p.it); !s.ok()) {
-            rows[index[j]] = s;
-            return rows;
-          }
+          if (Status s = p.c->run(p.it); !s.ok()) return ended(s);
         }
         p.c->phase_us = phases;
       }
-      if (Status s = run_trial(p); !s.ok()) {
-        rows[index[j]] = s;
-        return rows;
-      }
+      if (Status s = run_trial(p); !s.ok()) return ended(s);
     }
   }
   for (size_t j = 0; j < live.size(); ++j) rows[index[j]] = finish(live[j]);
