@@ -295,12 +295,12 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
     if (call.stats != nullptr) call.stats->single_copy = !fell_back;
     if (!fell_back) co_return Status::Ok();
     protocol = Protocol::kCopyInOut;  // headers compared, own block placed: the ring from here
-    chunk = pipeline_piece(ch, call.align);
     first = false;
-  } else {
-    if (call.stats != nullptr) call.stats->single_copy = false;
-    if (protocol == Protocol::kCopyInOut) chunk = pipeline_piece(ch, call.align);
+  } else if (call.stats != nullptr) {
+    call.stats->single_copy = false;
   }
+  // The ring path streams a block in pipeline steps.
+  if (protocol == Protocol::kCopyInOut) chunk = pipeline_piece(ch, call.align);
   // How to copy into the ring: whichever has made whole calls faster here.
   const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
 

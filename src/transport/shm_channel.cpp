@@ -54,7 +54,7 @@ size_t ShmChannel::segment_bytes(int members, size_t ring_bytes) {
 }
 
 size_t ShmChannel::pipeline_bytes_for(size_t ring_bytes, size_t wanted) {
-  const size_t max_step = ring_bytes / 4 / 64 * 64;
+  const size_t max_step = max_step_bytes_for(ring_bytes);
   return wanted == 0 ? max_step : std::clamp<size_t>(wanted / 64 * 64, 64, max_step);
 }
 

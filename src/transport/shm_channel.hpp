@@ -98,7 +98,8 @@ class ShmChannel {
   int me() const { return me_; }
   size_t ring_bytes() const { return ring_bytes_; }
   // Largest step payload: a quarter of the ring, in whole cache lines.
-  size_t max_step_bytes() const { return ring_bytes_ / 4 / 64 * 64; }
+  size_t max_step_bytes() const { return max_step_bytes_for(ring_bytes_); }
+  static size_t max_step_bytes_for(size_t ring_bytes) { return ring_bytes / 4 / 64 * 64; }
   // The step in which a large block is streamed through the ring, so that
   // peers start reading its first piece while its owner copies the next:
   // the creator's choice (format()), the same for every member, so their
