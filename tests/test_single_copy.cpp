@@ -151,6 +151,13 @@ std::string fused_large(Group& g, bool expect_single, Input input = Input::kTens
   return "";
 }
 
+// A communicator, and gather_all_sizes() on its world group.
+std::string world_gathers(const Config& c, bool expect_single, Input input, const std::vector<size_t>& sizes = kSizes) {
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  return gather_all_sizes((*comm)->world(), expect_single, input, sizes);
+}
+
 std::string body(const Config& c, bool expect_single, bool refuse_here, Input input = Input::kTensor) {
   if (refuse_here) refuse_cma();
   auto comm = Communicator::create(c);
@@ -190,28 +197,17 @@ TEST(SingleCopyFallback, RefusedOnOneRankTheWholeGroupUsesTheRing) {
 // ring, decided by all from every owner's offer; FG_SINGLE_COPY=always reads
 // it by single copy anyway; one rank's plain memory sends all to the ring.
 TEST(SingleCopyPages, PlainMemoryGoesThroughTheRing) {
-  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), false, Input::kPlain);
-  }));
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return world_gathers(c, false, Input::kPlain); }));
 }
 
 TEST(SingleCopyPages, AlwaysReadsPlainMemoryBySingleCopy) {
   fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_SINGLE_COPY", "always"}});
-  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), true, Input::kPlain);
-  }));
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return world_gathers(c, true, Input::kPlain); }));
 }
 
 TEST(SingleCopyPages, OneRanksPlainMemorySendsEveryoneToTheRing) {
-  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), false, c.rank == 1 ? Input::kPlain : Input::kTensor);
-  }));
+  fgtest::expect_all_ok(fgtest::run_job(
+      3, [](const Config& c) { return world_gathers(c, false, c.rank == 1 ? Input::kPlain : Input::kTensor); }));
 }
 
 // Different sizes above the threshold: a mismatch on every member, nobody
@@ -266,11 +262,7 @@ TEST(SymmetricFallback, SmallRingManyStepsInPlace) {
 // huge-page tensors with single copy off.
 TEST(Pipeline, OddStepsEveryByte) {
   fgtest::ScopedEnv env({std::pair<const char*, const char*>{"FG_PIPELINE_BYTES", "4160"}});
-  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), false, Input::kPlain);
-  }));
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return world_gathers(c, false, Input::kPlain); }));
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, true, false, Input::kSymmetric); }));
   fgtest::ScopedEnv off({std::pair<const char*, const char*>{"FG_SINGLE_COPY", "off"}});
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, false, Input::kTensor); }));
@@ -290,10 +282,8 @@ TEST(Pipeline, RanksAskingForDifferentStepsFollowTheCreator) {
 // One member's input is private, the others' symmetric: each block is read
 // where its owner put it, and the owners in place still wait for their readers.
 TEST(SymmetricMixed, OnePrivateInputAmongSymmetricOnes) {
-  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    return gather_all_sizes((*comm)->world(), true, c.rank == 1 ? Input::kTensor : Input::kSymmetric, kSymmetricSizes);
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) {
+    return world_gathers(c, true, c.rank == 1 ? Input::kTensor : Input::kSymmetric, kSymmetricSizes);
   }));
 }
 
