@@ -115,6 +115,14 @@ Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x
 // even), vectorised where the CPU allows; the one the fused op uses.
 Status convert(const TensorView& src, const TensorView& dst);
 
+// data (the same size and dtype on every member) takes group rank root's
+// values on every member. Within a server the root's bytes are copied into
+// shared memory once (or read where they lie, for a tensor from
+// Group::empty) and each other member copies them out; across servers the
+// root's block is taken from an all-gather.
+Request start_broadcast(Group& group, const TensorView& data, int root);
+Status broadcast(Group& group, const TensorView& data, int root);
+
 // A group barrier through the same channels as the collectives.
 Request start_barrier(Group& group);
 Status barrier(Group& group);

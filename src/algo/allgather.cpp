@@ -42,7 +42,7 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h) {
   std::string s = fmt::format("{}{} {} bytes of {}", op_name(static_cast<OpCode>(h.op)),
                               sched == Schedule::kOneShot ? "" : fmt::format("({})", schedule_name(sched)), h.bytes,
                               h.bytes == 0 && h.dtype == 0 ? "-" : dtype_name(dt));
-  if (call.op == OpCode::kAllGatherMatmul) s += fmt::format(" with {}={}", call.aux_name, h.aux);
+  if (call.op == OpCode::kAllGatherMatmul || call.op == OpCode::kBroadcast) s += fmt::format(" with {}={}", call.aux_name, h.aux);
   return s;
 }
 
@@ -64,6 +64,7 @@ const char* op_name(OpCode op) {
     case OpCode::kAllGather: return "all_gather";
     case OpCode::kAllGatherMatmul: return "all_gather_matmul";
     case OpCode::kBarrier: return "barrier";
+    case OpCode::kBroadcast: return "broadcast";
   }
   return "unknown-op";
 }
@@ -114,7 +115,7 @@ namespace {
 // One lockstep step: publish `len` bytes of `data` (inline, or through this
 // member's ring), then - after `posted` - wait for every peer's post of the
 // same step, compare headers on the call's first step, and hand each peer's
-// bytes to `take`. Every peer is waited for even after a mismatch, so all
+// post to `take` (which knows how many bytes the peer's step holds). Every peer is waited for even after a mismatch, so all
 // members leave the call at the same step.
 engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
                               Protocol protocol, CopyIn how, const std::byte* data, size_t len, bool first,
@@ -151,7 +152,7 @@ engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call,
     if (first) compare(ch, call, mine, peer, theirs, mismatch);
     if (first && disagreeing != nullptr && *disagreeing < 0 && !mismatch->empty()) *disagreeing = ch.world_rank(peer);
     if (in_place != nullptr && theirs.in_heap != 0) *in_place = true;
-    if (!mismatch->empty() || len == 0) continue;
+    if (!mismatch->empty()) continue;
     take(peer, protocol == Protocol::kInline ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
                                              : ch.member_data(peer, theirs));
   }
@@ -255,7 +256,7 @@ size_t single_copy_min_bytes() {
 }
 
 bool single_copy_suits(const transport::ShmChannel& ch, const GatherCall& call) {
-  return ch.single_copy() && ch.members() > 1 && call.schedule == Schedule::kOneShot &&
+  return ch.single_copy() && ch.members() > 1 && call.schedule == Schedule::kOneShot && call.root < 0 &&
          call.bytes >= single_copy_min_bytes();
 }
 
@@ -267,8 +268,10 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
   if (!ch.broken().ok()) co_return ch.broken();
   const int n = ch.members();
   const int me = ch.me();
+  // In a broadcast, members other than the root contribute nothing.
+  const bool contributes = call.root < 0 || call.root == me;
   if (n == 1) {  // nobody to tell: the own block is all there is
-    if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
+    if (call.bytes != 0 && contributes) sink(me, 0, call.input, call.bytes);
     co_return Status::Ok();
   }
   const transport::PostHeader mine = header_of(call);
@@ -281,7 +284,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
   const auto started = std::chrono::steady_clock::now();
   std::string mismatch;
   auto own = [&] {
-    if (call.bytes != 0) sink(me, 0, call.input, call.bytes);
+    if (call.bytes != 0 && contributes) sink(me, 0, call.input, call.bytes);
   };
   int disagreeing = -1;  // world rank of the first peer whose header differed
   auto failed = [&] { return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch), disagreeing}; };
@@ -316,14 +319,16 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
       const bool own_now = first;
       auto posted = [&] {
         if (own_each_step) {
-          if (len != 0) sink(me, off, call.input + off, len);
+          if (len != 0 && contributes) sink(me, off, call.input + off, len);
         } else if (own_now) {
           own();
         }
       };
-      auto take_step = [&](int peer, const std::byte* src) { take(peer, off, src, len); };
-      Status s = co_await lockstep(ch, call, mine, protocol, how, from + off, len, first, &mismatch, &disagreeing,
-                                   posted, take_step, &in_place);
+      auto take_step = [&](int peer, const std::byte* src) {
+        if (len != 0 && (call.root < 0 || peer == call.root)) take(peer, off, src, len);
+      };
+      Status s = co_await lockstep(ch, call, mine, protocol, how, from + off, contributes ? len : 0, first, &mismatch,
+                                   &disagreeing, posted, take_step, &in_place);
       if (!s.ok()) co_return s;
       if (!mismatch.empty()) co_return failed();
       first = false;

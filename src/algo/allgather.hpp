@@ -17,7 +17,7 @@
 
 namespace fastgather::algo {
 
-enum class OpCode : uint32_t { kAllGather = 1, kAllGatherMatmul = 2, kBarrier = 3 };
+enum class OpCode : uint32_t { kAllGather = 1, kAllGatherMatmul = 2, kBarrier = 3, kBroadcast = 4 };
 const char* op_name(OpCode op);
 
 enum class Protocol {
@@ -77,6 +77,10 @@ struct GatherCall {
   // Copies into the landing places with streaming stores (copy_out): the
   // op's output is larger than the cache (streams_out).
   bool stream_out = false;
+  // A broadcast: only this member's block moves (the others post empty
+  // steps in step with it and the sink sees the root's bytes alone); -1:
+  // every member's. One server, one-shot, no single copy.
+  int root = -1;
 };
 
 // sink(member, offset, src, len): bytes [offset, offset+len) of member's input

@@ -1,4 +1,5 @@
 #include <cstring>
+#include <vector>
 
 #include "algo/allgather.hpp"
 #include "core/group_impl.hpp"
@@ -111,6 +112,44 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
   co_return co_await ops::run_gather(group, call, sink, options.stats);
 }
 
+// Within a server the root's bytes are written once (into its ring, or read
+// where they lie in its symmetric heap) and every other member copies them
+// out; nobody else posts data. Across servers the schedules know only the
+// all-gather, so the root's block is picked out of one.
+engine::Task<Status> broadcast_op(Group& group, const TensorView& data, int root) {
+  constexpr const char* kOp = "broadcast";
+  if (Status s = ops::need_data(group, kOp, "tensor", data); !s.ok()) co_return s;
+  if (root < 0 || root >= group.size()) {
+    co_return ops::invalid(group, kOp, fmt::format("root {} is not a member (group rank 0..{})", root, group.size() - 1));
+  }
+  const size_t bytes = data.nbytes();
+  auto* mine = static_cast<std::byte*>(data.data);
+  if (impl_of(group)->net != nullptr) {
+    std::vector<std::byte> all(bytes * static_cast<size_t>(group.size()));
+    const TensorView out(all.data(), data.dtype, {data.numel() * group.size()});
+    if (Status s = co_await all_gather_op(group, data, out, {}); !s.ok()) co_return s;
+    if (group.rank() != root && bytes != 0) std::memcpy(mine, all.data() + static_cast<size_t>(root) * bytes, bytes);
+    co_return Status::Ok();
+  }
+  algo::GatherCall call;
+  call.op = algo::OpCode::kBroadcast;
+  call.dtype = static_cast<uint32_t>(data.dtype);
+  call.input = mine;
+  call.bytes = bytes;
+  call.aux = static_cast<uint64_t>(root);
+  call.aux_name = "root";
+  call.root = root;
+  call.stream_out = algo::streams_out(bytes);
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
+    if (member == root && mine + off != src) algo::copy_out(mine + off, src, len, call.stream_out);
+  };
+  co_return co_await ops::run_gather(group, call, sink);
+}
+
+engine::Task<Status> owning_broadcast(Group& group, TensorView data, int root) {
+  co_return co_await broadcast_op(group, data, root);
+}
+
 engine::Task<Status> barrier_op(Group& group) {
   algo::GatherCall call;
   call.op = algo::OpCode::kBarrier;
@@ -146,6 +185,14 @@ Request start_all_gather(Group& group, const TensorView& input, std::span<const 
 Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
                   const AllGatherOptions& options) {
   return RequestAccess::run(group, all_gather_list_op(group, input, outputs, options));
+}
+
+Request start_broadcast(Group& group, const TensorView& data, int root) {
+  return RequestAccess::start(group, owning_broadcast(group, data, root));
+}
+
+Status broadcast(Group& group, const TensorView& data, int root) {
+  return RequestAccess::run(group, broadcast_op(group, data, root));
 }
 
 Request start_barrier(Group& group) { return RequestAccess::start(group, barrier_op(group)); }
