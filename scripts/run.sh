@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# One entry point for a fresh Debian 12 machine:
+# One entry point for a fresh Debian 12 or 13 machine:
 #   scripts/run.sh bench [fg-bench args]  install deps, build, run fg-bench
 #   scripts/run.sh test                   install deps, build, run the tests
 #   scripts/run.sh bench-docs             the runs docs/benchmarks.md's generated part comes from
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The same names on Debian 12 and 13; clang's runtime (for the sanitizers'
+# and libFuzzer's libraries) is named after clang's major version, found below.
 PACKAGES=(g++ cmake make pkg-config libgtest-dev libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang libclang-rt-14-dev iproute2
-          python3 python3-dev python3-torch libtorch-dev python3-pybind11 python3-numpy python3-pytest)
+          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang iproute2 util-linux python3 python3-dev python3-venv)
+# The Python package is built against torch 2.13 from PyPI (the CPU wheel), in
+# a venv of the machine's Python 3.11 (the Python that wheel is for).
+PY_PACKAGES=(torch==2.13.0 numpy pytest expecttest scikit-build-core)
+VENV=.venv
 
-deps() {
+apt_install() {
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -22,6 +27,26 @@ deps() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
+}
+
+deps() {
+  apt_install "${PACKAGES[@]}"
+  local clang_major
+  clang_major=$(clang -dumpversion | cut -d. -f1)
+  apt_install "libclang-rt-${clang_major}-dev"
+  python_env
+}
+
+# .venv with torch and the test tools (made once; kept while it imports them).
+python_env() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, pytest, expecttest, scikit_build_core" 2>/dev/null; then
+    return
+  fi
+  local py
+  py=$(command -v python3.11 || command -v python3)
+  rm -rf "$VENV"
+  "$py" -m venv "$VENV"
+  "$VENV/bin/pip" install -q "${PY_PACKAGES[@]}"
 }
 
 build() {

@@ -1,47 +1,78 @@
-"""fastgather for PyTorch.
+"""fastgather for PyTorch 2.x.
 
-``import fastgather`` registers the torch.distributed backend ``"fastgather"``:
+``import fastgather`` registers the torch.distributed backend ``"fastgather"``
+for CPU tensors:
 
-    dist.init_process_group("gloo", init_method="tcp://...", rank=r, world_size=n)
-    group = dist.new_group(ranks, backend="fastgather")
+    dist.init_process_group("fastgather")                     # env:// (torchrun), or init_method=...
+    dist.init_process_group("cpu:fastgather")                 # the same, naming the device
+    group = dist.new_group(ranks, backend="fastgather")       # beside a gloo world
     dist.all_gather(outputs, x, group=group)                  # list form
     dist.all_gather_into_tensor(out, x, group=group)          # one tensor
-    out, gathered = fastgather.all_gather_base_mm(x1, x2, fastgather.get_comm_name(group, r), len(ranks))
+    work = dist.all_gather_into_tensor(out, x, group=group, async_op=True)  # moves while Python computes
+    out, gathered = fastgather.all_gather_base_mm(x1, x2, fastgather.get_comm_name(group), len(ranks))
     x = fastgather.empty(group, (16, 3072), torch.float16)    # read in place by the group's gathers
 
-fastgather serves all_gather, all_gather_into_tensor (_all_gather_base),
-broadcast and barrier for CPU tensors of every dtype torch has on CPU; any
-other op raises RuntimeError naming it. Ops complete before they return, so
-the work of ``async_op=True`` is already complete.
+fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced,
+all_gather_into_tensor_coalesced (and so the functional collectives'
+all_gather_tensor), broadcast and barrier for CPU tensors of every dtype;
+any other op raises NotImplementedError (a RuntimeError) naming it. Errors:
+wrong arguments are ValueError or TypeError; a lost peer, a timeout or an
+abort is torch.distributed.DistBackendError.
+
+The fused op is the torch operator ``torch.ops.fastgather.all_gather_base_mm``
+(with a fake kernel, so torch.compile traces it); ``all_gather_base_mm`` below
+is it with torch_npu's signature and argument checks.
 """
-import torch  # noqa: F401  (loads torch's libraries before the extension)
+import torch
 import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["all_gather_base_mm", "empty", "get_comm_name", "transport", "BACKEND"]
+__all__ = ["all_gather_base_mm", "empty", "get_comm_name", "transport", "backend_of", "BACKEND"]
 
 BACKEND = "fastgather"
 
 
-def _create_process_group(store, rank, size, timeout):
-    return _C.create_process_group(store, rank, size, timeout)
+def _create_backend(dist_opts, backend_opts):
+    del backend_opts  # fastgather has no options of its own beyond the environment's
+    return _C.create_backend(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
 
 
 # Importing twice (or after another import registered it) is harmless.
 if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
-    dist.Backend.register_backend(BACKEND, _create_process_group)
+    dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+
+
+def backend_of(group):
+    """The fastgather backend serving ``group``'s CPU tensors (what ``group._get_backend(cpu)`` returns).
+
+    Raises TypeError for anything that is not a process group, ValueError for a
+    group whose CPU backend is another one."""
+    if isinstance(group, _C.ProcessGroupFastgather):
+        return group
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"fastgather: expected a torch.distributed ProcessGroup (from new_group(ranks, "
+                        f"backend=\"fastgather\")), got {type(group).__name__}")
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError as e:
+        raise ValueError(f"fastgather: the group has no CPU backend ({e}); create it with "
+                         f"new_group(ranks, backend=\"fastgather\")") from None
+    if not isinstance(backend, _C.ProcessGroupFastgather):
+        raise ValueError(f"fastgather: the group's CPU backend is {group._get_backend_name()!r}, not fastgather; "
+                         f"create it with new_group(ranks, backend=\"fastgather\")")
+    return backend
 
 
 def get_comm_name(group, rank=None):
     """The name all_gather_base_mm takes as ``hcom`` (the role of get_hccl_comm_name)."""
     del rank  # one name per group in this process, whatever the rank
-    return _C.comm_name(group)
+    return backend_of(group).get_comm_name()
 
 
 def transport(group):
     """How the group's bytes move ("shared memory", or shared memory and UCX between hosts)."""
-    return _C.transport(group)
+    return backend_of(group).transport()
 
 
 def empty(group, shape, dtype=torch.float32):
@@ -52,12 +83,45 @@ def empty(group, shape, dtype=torch.float32):
     overwritten as soon as a collective on it returns, and it may outlive the
     group. Raises RuntimeError when the heap (FG_SYMMETRIC_BYTES per rank) is full.
     """
-    shape = tuple(shape)
+    backend = backend_of(group)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"fastgather: empty: dtype must be a torch.dtype, got {type(dtype).__name__}")
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise TypeError(f"fastgather: empty: shape must be a sequence of ints, got {type(shape).__name__}") from None
     n = 1
     for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise TypeError(f"fastgather: empty: shape must hold ints, got {d!r}")
+        if d < 0:
+            raise ValueError(f"fastgather: empty: negative dimension in {shape}")
         n *= d
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return _C.empty_bytes(group, n * itemsize).view(dtype).reshape(shape)
+    if n * itemsize >= 1 << 62:
+        raise ValueError(f"fastgather: empty: {shape} of {dtype} is {n * itemsize} bytes")
+    return _C.empty_bytes(backend, n * itemsize).view(dtype).reshape(shape)
+
+
+def _check_args(x1, x2, world_size, bias, gather_index, gather_output, comm_turn):
+    for name, t in (("x1", x1), ("x2", x2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fastgather: all_gather_base_mm: {name} must be a tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"fastgather: all_gather_base_mm: bias must be a tensor or None, got {type(bias).__name__}")
+    for name, v in (("world_size", world_size), ("gather_index", gather_index), ("comm_turn", comm_turn)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"fastgather: all_gather_base_mm: {name} must be an int, got {type(v).__name__}")
+    if not isinstance(gather_output, bool):
+        raise TypeError(f"fastgather: all_gather_base_mm: gather_output must be a bool, got {type(gather_output).__name__}")
+    if world_size < 1:
+        raise ValueError(f"fastgather: all_gather_base_mm: world_size={world_size}")
+    if x1.dim() != 2 or x2.dim() != 2:
+        raise ValueError(f"fastgather: all_gather_base_mm: x1 and x2 must be 2-D, got {tuple(x1.shape)} and {tuple(x2.shape)}")
+    if x1.shape[1] != x2.shape[0]:
+        raise ValueError(f"fastgather: all_gather_base_mm: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} disagree on k")
 
 
 def all_gather_base_mm(x1, x2, hcom, world_size, bias=None, gather_index=0, gather_output=True, comm_turn=0):
@@ -70,4 +134,14 @@ def all_gather_base_mm(x1, x2, hcom, world_size, bias=None, gather_index=0, gath
     """
     if not isinstance(hcom, str):
         hcom = get_comm_name(hcom)
-    return _C.all_gather_base_mm(x1, x2, hcom, world_size, bias, gather_index, gather_output, comm_turn)
+    _check_args(x1, x2, world_size, bias, gather_index, gather_output, comm_turn)
+    return torch.ops.fastgather.all_gather_base_mm(x1, x2, hcom, world_size, bias, gather_index, gather_output,
+                                                   comm_turn)
+
+
+@torch.library.register_fake("fastgather::all_gather_base_mm")
+def _all_gather_base_mm_fake(x1, x2, hcom, world_size, bias=None, gather_index=0, gather_output=True, comm_turn=0):
+    m, k = x1.shape
+    out = x1.new_empty((m * world_size, x2.shape[1]))
+    gathered = x1.new_empty((m * world_size, k)) if gather_output else x1.new_empty((0,))
+    return out, gathered

@@ -1,6 +1,7 @@
 """fastgather as a torch.distributed backend, with real rank processes
-(workers.py), beside gloo. Run with Debian's python3 (it imports torch) and
-PYTHONPATH pointing at the build's python/ folder."""
+(workers.py), beside gloo. Run with an interpreter that imports torch 2.x
+(scripts/run.sh's .venv) and fastgather (installed, or PYTHONPATH pointing at
+the build's python/ folder)."""
 import os
 import socket
 import subprocess
@@ -76,3 +77,31 @@ def test_importing_twice_is_harmless():
 @pytest.mark.parametrize("world", [2, 4])
 def test_fastgather_as_the_world_backend(world):
     run_ranks(world, "world_backend")
+
+
+@pytest.mark.parametrize("how", ["world_backend_env", "world_backend_cpu"])
+def test_env_start_up_and_cpu_device_backend_string(how):
+    run_ranks(4, how)
+
+
+def test_async_work_moves_while_python_computes():
+    outs = run_ranks(2, "async_overlap")
+    assert "into rank 0's 50 ms matmul" in outs[0], outs[0]
+
+
+def test_wait_timeout_exception_and_future():
+    run_ranks(2, "wait_timeout")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_coalesced_and_functional_collectives(world):
+    run_ranks(world, "coalesced")
+
+
+def test_torch_compile_fullgraph_of_the_fused_op():
+    run_ranks(2, "compiled", timeout=600)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_none_wrong_types_foreign_and_destroyed_groups_raise(world):
+    run_ranks(world, "bad_objects")

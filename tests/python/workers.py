@@ -1,5 +1,5 @@
 """Rank bodies for the torch backend tests: each runs in its own process,
-started by test_torch_backend.py as `python3 workers.py NAME RANK WORLD PORT [ARG...]`.
+started by test_torch_backend.py as `python workers.py NAME RANK WORLD PORT [ARG...]`.
 The world group is gloo (the reference); fastgather serves new_group.
 Exit status 0 means every check held; otherwise the failure is on stderr."""
 import datetime
@@ -7,11 +7,15 @@ import os
 import signal
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
 
 import fastgather
+
+# torch 2.13 calls all_gather_into_tensor deprecated (for all_gather_single); it is what users call.
+warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
           torch.int32, torch.int64, torch.bool]
@@ -70,8 +74,8 @@ def ops(rank, world, tp, dp):
             # list form, fresh outputs
             outs = [torch.empty(shape, dtype=dtype) for _ in range(n)]
             work = dist.all_gather(outs, x, group=fg, async_op=True)
-            check(work.is_completed(), "async all_gather work should be complete")
             check(work.wait(), "wait() should return True")
+            check(work.is_completed() and work.is_success() and work.exception() is None, "done after wait()")
             fut = work.get_future().wait()
             check(all(same_bytes(a, b) for a, b in zip(fut, outs)), "the future holds the outputs")
             for r, (o, e) in enumerate(zip(outs, expected)):
@@ -116,7 +120,7 @@ def errors(rank, world):
     try:
         dist.all_gather(outs, x, group=fg)
         raise AssertionError("mismatched shapes did not raise")
-    except RuntimeError as e:
+    except ValueError as e:
         msg = str(e)
         check("Mismatch" in msg and "128 bytes" in msg and "160 bytes" in msg, f"message should name both sizes: {msg}")
     # Mismatched dtypes.
@@ -124,7 +128,7 @@ def errors(rank, world):
     try:
         dist.all_gather([torch.empty_like(x) for _ in range(world)], x, group=fg)
         raise AssertionError("mismatched dtypes did not raise")
-    except RuntimeError as e:
+    except ValueError as e:
         check("Mismatch" in str(e) and "fp32" in str(e) and "int32" in str(e), str(e))
     # The group is still usable.
     x = torch.full((3,), float(rank))
@@ -138,13 +142,13 @@ def errors(rank, world):
         try:
             call()
             raise AssertionError(f"{name} did not raise")
-        except RuntimeError as e:
+        except NotImplementedError as e:  # a RuntimeError
             check(name in str(e) and "gloo" in str(e) and "new_group" in str(e), f"{name}: {e}")
     # Wrong local arguments are refused before any communication, on the rank that passed them.
     try:
         dist.all_gather_into_tensor(torch.empty(world * 4 + 1), torch.zeros(4), group=fg)
         raise AssertionError("a wrong output size did not raise")
-    except RuntimeError as e:
+    except ValueError as e:
         check("all_gather_into_tensor" in str(e), str(e))
     dist.barrier(group=fg)
 
@@ -159,7 +163,7 @@ def dead_peer(rank, world):
     try:
         dist.all_gather([torch.empty(16) for _ in range(world)], x, group=fg)
         raise AssertionError("a dead peer did not raise")
-    except RuntimeError as e:
+    except dist.DistBackendError as e:
         took = time.monotonic() - t0
         check(took < 5.0, f"raised after {took:.1f} s, beyond the 5 s timeout")
         check("PeerLost" in str(e) or "Timeout" in str(e), str(e))
@@ -206,7 +210,7 @@ def fused(rank, world, tp, dp):
         try:
             fastgather.all_gather_base_mm(*args, **kwargs)
             raise AssertionError(f"bad {bad} was accepted")
-        except RuntimeError as e:
+        except (ValueError, TypeError) as e:
             check(bad.split()[0] in str(e) or "fastgather" in str(e), f"{bad}: {e}")
     dist.barrier(group=fg)
 
@@ -247,7 +251,7 @@ def import_twice(rank, world):
 
 def world_backend(rank, world):
     """fastgather as the world's backend (init_process_group("fastgather")), with TP groups inside."""
-    check(dist.get_backend() == "fastgather", dist.get_backend())
+    check(dist.get_backend() in ("fastgather", "cpu:fastgather"), dist.get_backend())
     x = pattern(rank, torch.float32, (5, 7))
     outs = [torch.empty(5, 7) for _ in range(world)]
     dist.all_gather(outs, x)
@@ -284,14 +288,245 @@ def across_hosts(rank, world):
     check(torch.equal(out.double(), (full.double() @ x2.double()).half().double()), "fused output")
     print(f"rank {rank}: {fastgather.transport(fg)}", file=sys.stderr)
 
+def world_backend_env(rank, world):
+    """init_process_group("fastgather") with env:// (what torchrun sets up)."""
+    check(os.environ.get("MASTER_PORT") is not None, "env:// start-up expected")
+    world_backend(rank, world)
+    check(fastgather.backend_of(dist.group.WORLD) is dist.group.WORLD._get_backend(torch.device("cpu")),
+          "the CPU backend of the world is fastgather's")
+
+
+def world_backend_cpu(rank, world):
+    """init_process_group(backend="cpu:fastgather")."""
+    world_backend(rank, world)
+    check(isinstance(dist.group.WORLD._get_backend(torch.device("cpu")), fastgather._C.ProcessGroupFastgather),
+          "cpu:fastgather")
+
+
+def exchange_times(t):
+    """Every rank's float, over the gloo world."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, t)
+    return out
+
+
+def matmul_for(seconds):
+    a = torch.rand(256, 256)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        a = torch.mm(a, a).clamp_(-1, 1)
+    return time.monotonic()
+
+
+def async_overlap(rank, world):
+    """async_op=True: rank 0 starts the gather, computes 50 ms, then waits; rank 1's blocking
+    call must return during rank 0's computation, and rank 0 must find its work done. 8 MB per
+    rank takes many pipeline steps through the ring, so rank 0's side must make progress
+    while Python computes (its progress thread), not only post its first bytes."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    for nbytes in [96 * 1024, 8 << 20]:
+        n = nbytes // 4
+        x = pattern(rank, torch.float32, (n,))
+        flat = torch.empty(world * n)
+        dist.barrier()  # gloo: both ranks start together
+        if rank == 0:
+            t0 = time.monotonic()
+            work = dist.all_gather_into_tensor(flat, x, group=fg, async_op=True)
+            t_end = matmul_for(0.05)
+            done_before_wait = work.is_completed()
+            work.wait()
+            times = exchange_times(t_end)
+            check(done_before_wait, f"{nbytes} B: the gather was not done after 50 ms of matmul")
+            check(times[1] < t_end, f"{nbytes} B: rank 1 returned {times[1] - t0:.3f} s after the start, "
+                                    f"after rank 0's matmul ended ({t_end - t0:.3f} s)")
+            print(f"{nbytes} B: rank 1 returned {1e3 * (times[1] - t0):.2f} ms into rank 0's 50 ms matmul",
+                  file=sys.stderr)
+        else:
+            dist.all_gather_into_tensor(flat, x, group=fg)
+            exchange_times(time.monotonic())
+        check(same_bytes(flat, torch.cat([pattern(r, torch.float32, (n,)) for r in range(world)])), f"{nbytes} B")
+    dist.barrier(group=fg)
+
+
+def wait_timeout(rank, world):
+    """Work.wait(timeout) honours its timeout: the op is still in flight and completes later;
+    exception() and the future carry an error; is_completed() tests without blocking."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    x = pattern(rank, torch.float32, (1000,))
+    flat = torch.empty(world * 1000)
+    if rank == 0:
+        work = dist.all_gather_into_tensor(flat, x, group=fg, async_op=True)
+        fut = work.get_future()
+        check(not work.is_completed() and not fut.done(), "complete although rank 1 has not started")
+        t0 = time.monotonic()
+        try:
+            work.wait(timeout=datetime.timedelta(milliseconds=200))
+            raise AssertionError("wait(timeout) returned although the peer is 1 s late")
+        except dist.DistBackendError as e:
+            took = time.monotonic() - t0
+            check(0.19 <= took < 0.7, f"wait(timeout=200 ms) raised after {took:.3f} s")
+            check("still in flight" in str(e), str(e))
+        check(work.wait(), "the second wait")
+        check(fut.wait()[0] is flat, "the future holds the output")
+    else:
+        time.sleep(1.0)
+        dist.all_gather_into_tensor(flat, x, group=fg)
+    check(same_bytes(flat, torch.cat([pattern(r, torch.float32, (1000,)) for r in range(world)])), "data")
+    # An error through async work: mismatched sizes.
+    y = torch.zeros(3 if rank == 0 else 4)
+    work = dist.all_gather_into_tensor(torch.empty(world * y.numel()), y, group=fg, async_op=True)
+    fut = work.get_future()
+    try:
+        work.wait()
+        raise AssertionError("a mismatch did not raise from wait()")
+    except ValueError as e:
+        check("Mismatch" in str(e), str(e))
+    check(work.is_completed() and not work.is_success() and work.exception() is not None, "exception()")
+    try:
+        fut.wait()
+        raise AssertionError("the future of a failed work did not raise")
+    except Exception as e:
+        check("Mismatch" in str(e), str(e))
+    dist.barrier(group=fg)
+
+
+def coalesced(rank, world):
+    """all_gather_into_tensor_coalesced (the ProcessGroup method, and through the coalescing
+    manager), all_gather_coalesced, and the functional collectives' all_gather_tensor."""
+    import torch.distributed._functional_collectives as funcol
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    shapes = [(3,), (5, 7), (0,), (64, 33)]
+    dtypes = [torch.bfloat16] * 4  # torch asks for one dtype per coalesced call
+    xs = [pattern(rank, d, s, salt=i) for i, (d, s) in enumerate(zip(dtypes, shapes))]
+    want = [torch.cat([pattern(r, d, s, salt=i) for r in range(world)]) for i, (d, s) in enumerate(zip(dtypes, shapes))]
+    outs = [torch.empty((world * s[0],) + s[1:], dtype=d) for d, s in zip(dtypes, shapes)]
+    work = fg.allgather_into_tensor_coalesced(outs, xs)
+    work.wait()
+    check(all(same_bytes(o, w) for o, w in zip(outs, want)), "allgather_into_tensor_coalesced")
+    outs = [torch.empty((world * s[0],) + s[1:], dtype=d) for d, s in zip(dtypes, shapes)]
+    with dist._coalescing_manager(group=fg, async_ops=True) as cm:
+        for o, x in zip(outs, xs):
+            dist.all_gather_into_tensor(o, x, group=fg)
+    cm.wait()
+    check(all(same_bytes(o, w) for o, w in zip(outs, want)), "_coalescing_manager")
+    lists = [[torch.empty(s, dtype=d) for d, s in zip(dtypes, shapes)] for _ in range(world)]
+    dist.all_gather_coalesced(lists, xs, group=fg)
+    for r in range(world):
+        for i, (d, s) in enumerate(zip(dtypes, shapes)):
+            check(same_bytes(lists[r][i], pattern(r, d, s, salt=i)), f"all_gather_coalesced rank {r} tensor {i}")
+    got = funcol.all_gather_tensor(xs[1], gather_dim=0, group=fg)
+    check(same_bytes(torch.as_tensor(got.wait() if hasattr(got, "wait") else got), want[1]), "funcol.all_gather_tensor")
+    got = funcol.all_gather_tensor(xs[3], gather_dim=1, group=fg)
+    got = got.wait() if hasattr(got, "wait") else got
+    check(same_bytes(torch.as_tensor(got), torch.cat([pattern(r, dtypes[3], (64, 33), salt=3) for r in range(world)], dim=1)),
+          "funcol.all_gather_tensor along dim 1")
+    dist.barrier(group=fg)
+
+
+def compiled(rank, world):
+    """torch.compile(fullgraph=True) of a function calling fastgather.all_gather_base_mm."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    hcom = fastgather.get_comm_name(fg)
+
+    def layer(x1, x2, bias):
+        out, gathered = fastgather.all_gather_base_mm(x1, x2, hcom, world, bias=bias)
+        return torch.relu(out) * 2, gathered.sum(dim=1)
+
+    fast = torch.compile(layer, fullgraph=True)
+    for m in [4, 9]:
+        x1 = (pattern(rank, torch.float32, (m, 64), salt=m) - 60) / 64
+        x2 = (pattern(99, torch.float32, (64, 16)) - 60) / 64
+        bias = torch.linspace(-1, 1, 16)
+        got_out, got_sum = fast(x1, x2, bias)
+        ref_out, ref_sum = layer(x1, x2, bias)
+        full = torch.cat([(pattern(r, torch.float32, (m, 64), salt=m) - 60) / 64 for r in range(world)])
+        want = torch.relu(full.double() @ x2.double() + bias.double()) * 2
+        check(got_out.shape == (m * world, 16) and torch.allclose(got_out.double(), want, atol=1e-4), f"compiled m={m}")
+        check(torch.equal(got_out, ref_out) and torch.allclose(got_sum, ref_sum), f"compiled vs eager m={m}")
+    dist.barrier(group=fg)
+
+
+def raises(what, exc, fn):
+    try:
+        fn()
+    except exc as e:
+        return str(e)
+    except BaseException as e:
+        raise AssertionError(f"{what}: raised {type(e).__name__} ({e}), expected {exc}") from e
+    raise AssertionError(f"{what}: did not raise")
+
+
+def bad_objects(rank, world):
+    """None, wrong types, a gloo group, a destroyed group: every entry point raises, none crashes."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    gl = dist.new_group(list(range(world)), backend="gloo")
+    hcom = fastgather.get_comm_name(fg)
+    x1, x2 = torch.ones(2, 8), torch.ones(8, 4)
+    for what, exc, fn in [
+        ("get_comm_name(None)", TypeError, lambda: fastgather.get_comm_name(None)),
+        ("get_comm_name(42)", TypeError, lambda: fastgather.get_comm_name(42)),
+        ("get_comm_name(gloo group)", ValueError, lambda: fastgather.get_comm_name(gl)),
+        ("transport(None)", TypeError, lambda: fastgather.transport(None)),
+        ("empty(None, (4,))", TypeError, lambda: fastgather.empty(None, (4,))),
+        ("empty(gloo group)", ValueError, lambda: fastgather.empty(gl, (4,))),
+        ("empty(shape=None)", TypeError, lambda: fastgather.empty(fg, None)),
+        ("empty(shape='ab')", TypeError, lambda: fastgather.empty(fg, "ab")),
+        ("empty(negative)", ValueError, lambda: fastgather.empty(fg, (2, -1))),
+        ("empty(dtype='float')", TypeError, lambda: fastgather.empty(fg, (2,), "float")),
+        ("empty(absurd)", ValueError, lambda: fastgather.empty(fg, (1 << 40, 1 << 40))),
+        ("mm hcom=None", TypeError, lambda: fastgather.all_gather_base_mm(x1, x2, None, world)),
+        ("mm hcom=gloo", ValueError, lambda: fastgather.all_gather_base_mm(x1, x2, gl, world)),
+        ("mm hcom unknown", ValueError, lambda: fastgather.all_gather_base_mm(x1, x2, "nope", world)),
+        ("mm x1=None", TypeError, lambda: fastgather.all_gather_base_mm(None, x2, hcom, world)),
+        ("mm x2=list", TypeError, lambda: fastgather.all_gather_base_mm(x1, [[1.0]], hcom, world)),
+        ("mm world_size=None", TypeError, lambda: fastgather.all_gather_base_mm(x1, x2, hcom, None)),
+        ("mm world_size=0", ValueError, lambda: fastgather.all_gather_base_mm(x1, x2, hcom, 0)),
+        ("mm bias='b'", TypeError, lambda: fastgather.all_gather_base_mm(x1, x2, hcom, world, bias="b")),
+        ("mm 1-D x1", ValueError, lambda: fastgather.all_gather_base_mm(torch.ones(8), x2, hcom, world)),
+        ("mm int64", TypeError, lambda: fastgather.all_gather_base_mm(x1.long(), x2.long(), hcom, world)),
+        ("op hcom None", (TypeError, RuntimeError), lambda: torch.ops.fastgather.all_gather_base_mm(x1, x2, None, world)),
+        ("op hcom unknown", ValueError, lambda: torch.ops.fastgather.all_gather_base_mm(x1, x2, "nope", world)),
+        ("op world_size", ValueError, lambda: torch.ops.fastgather.all_gather_base_mm(x1, x2, hcom, world + 1)),
+        ("_C.comm_name(None)", TypeError, lambda: fastgather._C.comm_name(None)),
+        ("_C.empty_bytes(None)", TypeError, lambda: fastgather._C.empty_bytes(None, 4)),
+        ("_C.empty_bytes(-1)", ValueError, lambda: fastgather._C.empty_bytes(fastgather.backend_of(fg), -1)),
+        ("_C.create_backend(None)", (TypeError, ValueError),
+         lambda: fastgather._C.create_backend(None, 0, 1, datetime.timedelta(seconds=1))),
+        ("all_gather(None)", (TypeError, ValueError, RuntimeError, AttributeError),
+         lambda: dist.all_gather(None, torch.ones(2), group=fg)),
+        ("all_gather([None])", (TypeError, ValueError, RuntimeError),
+         lambda: dist.all_gather([None] * world, torch.ones(2), group=fg)),
+        ("broadcast(None)", (TypeError, ValueError, RuntimeError, AttributeError),
+         lambda: dist.broadcast(None, src=0, group=fg)),
+    ]:
+        raises(what, exc, fn)
+    # A destroyed group: its ops and its name fail with words, not a signal.
+    gone = dist.new_group(list(range(world)), backend="fastgather")
+    name = fastgather.get_comm_name(gone)
+    dist.destroy_process_group(gone)
+    raises("mm on a destroyed group", (ValueError, RuntimeError),
+           lambda: fastgather.all_gather_base_mm(x1, x2, name, world))
+    raises("all_gather on a destroyed group", (ValueError, RuntimeError),
+           lambda: dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2), group=gone))
+    # Still fine afterwards.
+    outs = [torch.empty(2) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), float(rank)), group=fg)
+    check([o[0].item() for o in outs] == [float(r) for r in range(world)], "after the bad calls")
+    dist.barrier(group=fg)
+
 
 def main():
     name, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     args = [int(a) for a in sys.argv[5:]]
-    backend = "fastgather" if name == "world_backend" else "gloo"
     master = os.environ.get("FG_TEST_MASTER", "127.0.0.1")  # another host's address in the netns test
-    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    timeout = datetime.timedelta(seconds=60)
+    if name == "world_backend_env":  # as torchrun starts a rank
+        os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+        dist.init_process_group("fastgather", timeout=timeout)
+    else:
+        backend = {"world_backend": "fastgather", "world_backend_cpu": "cpu:fastgather"}.get(name, "gloo")
+        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
+                                timeout=timeout)
     globals()[name](rank, world, *args)
     dist.barrier()
     dist.destroy_process_group()
