@@ -27,6 +27,7 @@ MUTATIONS=(
   "a blocked wait does not drive the other groups' requests|src/core/group_impl.hpp|s/o\.others = others;/o.others = nullptr;/|test_engine|Requests.ProgressReachesTheOtherGroupsWhileBlocked"
   "the engine ignores the operation's deadline|src/engine/driver.cpp|s/if \(why\.ok\(\) && Clock::now\(\) > deadline_\)/if (false \&\& why.ok() \&\& Clock::now() > deadline_)/|test_engine|Deadline.*"
   "the engine ignores Communicator::abort()|src/engine/driver.cpp|s/opt_\.aborted->load\(std::memory_order_acquire\) != 0/false/|test_engine|Abort.FromAnotherThread*"
+  "a broadcast hands members every block but the root's|src/algo/allgather.cpp|s/\(call\.root < 0 \|\| peer == call\.root\)/(call.root < 0 || peer != call.root)/|test_broadcast|BroadcastWorlds*"
   "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/i == 0 && peer < local_\.members\(\)/i < 0 \&\& peer < local_.members()/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
 )
 
@@ -53,5 +54,41 @@ for m in "${MUTATIONS[@]}"; do
   fi
   cp "$ROOT/$file" "$WORK/$file"
 done
+
+# The torch backend (python/): the same, with a pytest node for a test. The
+# build above is reconfigured with the Python package (the library is not
+# rebuilt); skipped with a word where no interpreter imports torch.
+# name | file | perl substitution | pytest node (tests/python/...)
+PY_MUTATIONS=(
+  "the progress thread never drives a work its owner left waiting|python/fastgather_torch.cpp|s/constexpr auto kGrace = std::chrono::microseconds\(500\);/constexpr auto kGrace = std::chrono::hours(1);/|test_torch_backend.py::test_async_work_moves_while_python_computes"
+  "Work.wait(timeout) waits as if it had no timeout|python/fastgather_torch.cpp|s/const bool forever = timeout == kNoTimeout;/const bool forever = true;/|test_torch_backend.py::test_wait_timeout_exception_and_future"
+)
+PY="$ROOT/.venv/bin/python"
+if [ -x "$PY" ] && "$PY" -c "import torch" 2>/dev/null; then
+  cmake -S "$WORK" -B "$WORK/build" -DFG_WITH_TORCH=ON -DFG_PYTHON="$PY" >/dev/null
+  pyrun() { (cd "$WORK" && PYTHONPATH="$WORK/build/python" timeout 600 "$PY" -m pytest -q -x -p no:cacheprovider "tests/python/$1") >"$WORK/run.log" 2>&1; }
+  for m in "${PY_MUTATIONS[@]}"; do
+    IFS='|' read -r name file subst node <<<"$m"
+    build fastgather_torch
+    pyrun "$node" || { echo "FAILED: $node fails unmutated"; tail -30 "$WORK/run.log"; exit 1; }
+  done
+  for m in "${PY_MUTATIONS[@]}"; do
+    IFS='|' read -r name file subst node <<<"$m"
+    cp "$ROOT/$file" "$WORK/$file"
+    perl -0pi -e "$subst" "$WORK/$file"
+    if cmp -s "$ROOT/$file" "$WORK/$file"; then
+      echo "FAILED: mutation '$name' no longer applies to $file (update tests/mutations/run.sh)"; missed=$((missed + 1)); continue
+    fi
+    build fastgather_torch
+    if pyrun "$node"; then
+      echo "FAILED: '$name' ($file) is not caught by $node"; missed=$((missed + 1))
+    else
+      echo "ok: '$name' is caught by $node"; caught=$((caught + 1))
+    fi
+    cp "$ROOT/$file" "$WORK/$file"
+  done
+else
+  echo "FAILED: no interpreter with torch at $PY for the torch backend's mutations"; missed=$((missed + 1))
+fi
 echo "mutations: $caught passed, $missed failed"
 [ "$missed" = 0 ]

@@ -4,7 +4,7 @@
 # Python tests that start ranks from it: the installed package, not the
 # build tree's, serves them.
 set -euo pipefail
-PY=$1
+PY=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # absolute, links kept (a venv is found from its path)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=$(mktemp -d)
 SRC=$(mktemp -d)
