@@ -1,15 +1,17 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """torch.distributed all-gather, gloo beside fastgather, and fg-bench's C++
 call of the same size, in one command (2 local ranks by default):
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/torch-bench/torch_bench.py --fg-bench build/tools/fg-bench/fg-bench
+    PYTHONPATH=build/python .venv/bin/python tools/torch-bench/torch_bench.py --fg-bench build/tools/fg-bench/fg-bench
 
-Per backend: dist.all_gather (list), dist.all_gather_into_tensor (gloo
-has no _allgather_base in torch 1.13: 'unsupported'), and the fused op
-(fastgather.all_gather_base_mm) against gloo all-gather + torch matmul.
-Medians over iterations of the slowest rank; fp32 (m, 3072) for the
-gathers, fp16 (2m, 3072) @ (3072, 16) for the matmul rows (same bytes).
-Then fg-bench runs the same sizes with the C++ API, medians too.
+Per backend: dist.all_gather (list), dist.all_gather_into_tensor, and the
+fused op (fastgather.all_gather_base_mm) against gloo all-gather + torch
+matmul (in fp32, torch's faster CPU matmul than fp16 here); for fastgather
+also all_gather_into_tensor from an input in the group's symmetric heap
+(fastgather.empty). Medians over iterations of the slowest rank; fp32
+(m, 3072) for the gathers, fp16 (2m, 3072) @ (3072, 16) for the matmul rows
+(same bytes). Then fg-bench runs the same sizes with the C++ API on ordinary
+memory (--input private: what a torch tensor is), medians too.
 """
 import argparse
 import datetime
@@ -20,8 +22,12 @@ import statistics
 import subprocess
 import time
 
+import warnings
+
 import torch
 import torch.distributed as dist
+
+warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated")
 
 HIDDEN, N = 3072, 16
 MS = [8, 32, 128, 512, 2048]  # 96 KB .. 24 MB per rank in fp32
@@ -61,6 +67,11 @@ def rank_main(rank, world, port, q):
                                                                  iters, g)
             except RuntimeError:
                 results[(backend, "tensor", m)] = None
+            if backend == "fastgather":
+                xs = fastgather.empty(g, (m, HIDDEN), torch.float32)
+                xs.copy_(x)
+                results[(backend, "symmetric", m)] = median_slowest(
+                    lambda: dist.all_gather_into_tensor(flat, xs, group=g), iters, g)
             x1 = torch.randn(2 * m, HIDDEN).half()
             x2 = (torch.randn(HIDDEN, N) / HIDDEN ** 0.5).half()
             if backend == "fastgather":
@@ -74,6 +85,20 @@ def rank_main(rank, world, port, q):
                     dist.all_gather(gathered, x1, group=g)
                     return (torch.cat(gathered).float() @ w32).half()
             results[(backend, "matmul", m)] = median_slowest(fn, iters, g)
+        if backend == "fastgather":
+            # Where the torch path's time goes at the smallest size: each layer of the
+            # tensor-form call, outermost first, down to the backend's own method.
+            m = MS[0]
+            x, flat = torch.randn(m, HIDDEN), torch.empty(world * m, HIDDEN)
+            backend_obj = fastgather.backend_of(g)
+            iters = 2000
+            results["layers"] = [
+                ("dist.all_gather_into_tensor", median_slowest(lambda: dist.all_gather_into_tensor(flat, x, group=g), iters, g)),
+                ("dist.all_gather_single", median_slowest(lambda: dist.all_gather_single(flat, x, group=g), iters, g)),
+                ("group._allgather_base(...).wait()", median_slowest(lambda: g._allgather_base(flat, x).wait(), iters, g)),
+                ("backend._allgather_base(...).wait()",
+                 median_slowest(lambda: backend_obj._allgather_base(flat, x).wait(), iters, g)),
+            ]
     if rank == 0:
         q.put(results)
     dist.barrier()
@@ -82,7 +107,7 @@ def rank_main(rank, world, port, q):
 
 def fg_bench_medians(exe, world, port):
     out = subprocess.run([exe, "--m", ",".join(map(str, MS)), "--ops", "all_gather", "--no-compare", "--no-limits",
-                          "--port", str(port)], env=dict(os.environ, TP="1", DP=str(world), FG_NO_MPIRUN="1"),
+                          "--input", "private", "--port", str(port)], env=dict(os.environ, TP="1", DP=str(world), FG_NO_MPIRUN="1"),
                          capture_output=True, text=True, timeout=600, check=True).stdout
     medians = {}
     for line in out.splitlines():
@@ -113,15 +138,30 @@ def main():
 
     print(f"torch {torch.__version__}, {a.ranks} ranks, {os.cpu_count()} CPUs; medians (us) of the slowest rank\n")
     print("| per-rank data | gloo all_gather | gloo all_gather_into_tensor | fastgather all_gather | "
-          "fastgather all_gather_into_tensor | fg-bench C++ all_gather | gloo / fastgather (list) | "
-          "gloo all_gather + matmul | fastgather all_gather_base_mm |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "fastgather all_gather_into_tensor | fastgather, symmetric input | fg-bench C++ private | "
+          "torch - C++ (tensor form) | gloo / fastgather (tensor form) | gloo all_gather + matmul | "
+          "fastgather all_gather_base_mm | gloo / fastgather (fused) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def ratio(a, b):
+        return "-" if a is None or b is None else f"{a / b:.1f}x"
+
     for m in MS:
         kb = m * HIDDEN * 4 / 1024
         size = f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
-        gl, fl = res[("gloo", "list", m)], res[("fastgather", "list", m)]
-        print(f"| {size} | {us(gl)} | {us(res[('gloo', 'tensor', m)])} | {us(fl)} | {us(res[('fastgather', 'tensor', m)])} | "
-              f"{us(cxx.get(m))} | {gl / fl:.1f}x | {us(res[('gloo', 'matmul', m)])} | {us(res[('fastgather', 'matmul', m)])} |")
+        gt, ft = res[("gloo", "tensor", m)], res[("fastgather", "tensor", m)]
+        gm, fm = res[("gloo", "matmul", m)], res[("fastgather", "matmul", m)]
+        c = cxx.get(m)
+        print(f"| {size} | {us(res[('gloo', 'list', m)])} | {us(gt)} | {us(res[('fastgather', 'list', m)])} | {us(ft)} | "
+              f"{us(res[('fastgather', 'symmetric', m)])} | {us(c)} | {'-' if c is None else f'{(ft - c) * 1e6:+.1f}'} | "
+              f"{ratio(gt, ft)} | {us(gm)} | {us(fm)} | {ratio(gm, fm)} |")
+    kb = MS[0] * HIDDEN * 4 / 1024
+    print(f"\nThe tensor form at {kb:g} KB per rank, layer by layer (fastgather; median us of the slowest rank):\n")
+    print("| call | median (us) | minus fg-bench C++ private (us) |")
+    print("|---|---:|---:|")
+    c = cxx.get(MS[0])
+    for name, v in res["layers"]:
+        print(f"| `{name}` | {us(v)} | {'-' if c is None else f'{(v - c) * 1e6:+.1f}'} |")
 
 
 if __name__ == "__main__":
