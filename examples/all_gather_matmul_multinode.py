@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """AllGather vs AllGather+MatMul, as the original experiment ran it, on CPU,
 with gloo and fastgather side by side.
 
@@ -7,7 +7,7 @@ starts one process per local rank (the server's first rank runs in this
 process):
 
     TP=1 DP=2 SERVER_NUM=1 SERVER_INDEX=0 MASTER_IP=127.0.0.1 PORT=29500 \\
-        PYTHONPATH=build/python /usr/bin/python3 examples/all_gather_matmul_multinode.py
+        PYTHONPATH=build/python .venv/bin/python examples/all_gather_matmul_multinode.py
 
 On several servers, run it on each with its SERVER_INDEX. BACKEND=gloo or
 BACKEND=fastgather runs one backend; by default both run, one after the
