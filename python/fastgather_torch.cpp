@@ -184,6 +184,7 @@ class FastgatherWork : public c10d::Work {
   void settle();
   // Tells waiters and the future; outside the drive lock (future callbacks may take the GIL).
   void publish();
+  void complete_future();
 
   c10::intrusive_ptr<ProcessGroupFastgather> pg_;
   std::vector<at::Tensor> result_;
@@ -191,6 +192,7 @@ class FastgatherWork : public c10d::Work {
   bool queued_ = true;  // in the group's pending list (drive lock)
   fg::Status status_;   // set by settle()
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // made on request (mutex_)
+  bool future_done_ = false;                        // marked or given the error (mutex_)
 };
 
 // hcom names -> groups, for all_gather_base_mm (the role of get_hccl_comm_name).
@@ -587,20 +589,28 @@ void FastgatherWork::settle() {
 }
 
 void FastgatherWork::publish() {
-  std::exception_ptr error = status_.ok() ? nullptr : exception_of(status_);
-  c10::intrusive_ptr<c10::ivalue::Future> fut;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return;
+  }
+  finish(status_.ok() ? nullptr : exception_of(status_));
+  complete_future();
+}
+
+// Once the work is complete and someone asked for its future: exactly once,
+// whichever of publish() and getFuture() comes second.
+void FastgatherWork::complete_future() {
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!future_ || !completed_ || future_done_) return;
+    future_done_ = true;
     fut = future_;
   }
-  finish(error);
-  if (fut) {
-    if (error) {
-      fut->setError(error);
-    } else {
-      fut->markCompleted(c10::IValue(result_));
-    }
+  if (exception_) {
+    fut->setError(exception_);
+  } else {
+    fut->markCompleted(c10::IValue(result_));
   }
 }
 
@@ -651,20 +661,12 @@ bool FastgatherWork::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> FastgatherWork::getFuture() {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
-  bool ready;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!future_) future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     fut = future_;
-    ready = completed_;
   }
-  if (ready && !fut->completed()) {
-    if (exception_) {
-      fut->setError(exception_);
-    } else {
-      fut->markCompleted(c10::IValue(result_));
-    }
-  }
+  complete_future();
   return fut;
 }
 
