@@ -13,10 +13,11 @@
 // waits drives them: Work::wait() runs the engine's own wait on the calling
 // thread, so a blocking call costs no thread hop. A work nobody has come back
 // for within a short grace period (async_op=True and Python computing) is
-// driven by the group's progress thread with non-blocking test()s, so peers
-// are never left waiting for this rank's bytes; the thread sleeps when the
-// group has been idle for a while. One thread at a time drives a group
-// (drive_mu_): the library's rule.
+// driven by the group's progress thread, in the engine's own wait (woken by
+// the peers' posts) a short slice at a time, so peers are never left waiting
+// for this rank's bytes; the thread sleeps when the group has been idle for a
+// while. One thread at a time drives a group (drive_mu_): the library's rule;
+// the progress thread stands aside whenever the owner asks for the lock.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -59,8 +60,12 @@ constexpr const char* kOnlyThese =
 constexpr auto kGrace = std::chrono::microseconds(500);
 // How often the progress thread looks while the group is active, and how
 // long the group must be idle before it sleeps until the next op.
-constexpr auto kPollActive = std::chrono::microseconds(100);
 constexpr auto kPollIdle = std::chrono::milliseconds(1);
+// The longest the progress thread holds the group at a time (waiting in the
+// engine for a peer): what an owner coming back may wait for the lock.
+constexpr auto kDriveSlice = std::chrono::microseconds(200);
+// For advance(): non-blocking rounds only.
+constexpr Clock::time_point kNow = Clock::time_point::min();
 constexpr auto kLinger = std::chrono::milliseconds(100);
 
 // The library's errors as Python's: arguments that are wrong on this rank or
@@ -361,7 +366,7 @@ class ProcessGroupFastgather : public c10d::Backend {
     stop_progress();
     std::unique_lock<std::timed_mutex> lock(drive_mu_);
     std::vector<c10::intrusive_ptr<FastgatherWork>> done;
-    advance(nullptr, true, &done);
+    advance(nullptr, Clock::time_point::max(), &done);
     if (comm_) {
       // Its error (a peer already gone, say) was each op's to report.
       (void)comm_->finalize();
@@ -381,9 +386,9 @@ class ProcessGroupFastgather : public c10d::Backend {
     std::vector<c10::intrusive_ptr<FastgatherWork>> done;
     fg::Status s;
     {
-      std::lock_guard<std::timed_mutex> lock(drive_mu_);
+      OwnerLock lock(*this);
       s = fg::all_gather_matmul(group(), a, w, b, out, gathered, opt);
-      advance(nullptr, false, &done);  // works ahead of it are complete now
+      advance(nullptr, kNow, &done);  // works ahead of it are complete now
     }
     for (auto& d : done) d->publish();
     return s;
@@ -404,15 +409,36 @@ class ProcessGroupFastgather : public c10d::Backend {
   }
 
   // Starts one library request of the work, under the drive lock.
+  // The owner's side of drive_mu_ (ops, waits): the progress thread does not
+  // take the lock while an owner is waiting for it.
+  class OwnerLock {
+   public:
+    explicit OwnerLock(ProcessGroupFastgather& pg, Clock::time_point until = Clock::time_point::max()) : pg_(pg) {
+      pg_.owners_waiting_.fetch_add(1, std::memory_order_acq_rel);
+      owns_ = until == Clock::time_point::max() ? (pg_.drive_mu_.lock(), true) : pg_.drive_mu_.try_lock_until(until);
+      pg_.owners_waiting_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    ~OwnerLock() {
+      if (owns_) pg_.drive_mu_.unlock();
+    }
+    bool owns() const { return owns_; }
+    OwnerLock(const OwnerLock&) = delete;
+    OwnerLock& operator=(const OwnerLock&) = delete;
+
+   private:
+    ProcessGroupFastgather& pg_;
+    bool owns_;
+  };
+
   template <class Start>
   void start(FastgatherWork& work, Start&& how) {
-    std::lock_guard<std::timed_mutex> lock(drive_mu_);
+    OwnerLock lock(*this);
     work.requests.push_back(how(group()));
   }
 
   c10::intrusive_ptr<c10d::Work> submit(const c10::intrusive_ptr<FastgatherWork>& work) {
     {
-      std::lock_guard<std::timed_mutex> lock(drive_mu_);
+      OwnerLock lock(*this);
       pending_.push_back(work);
     }
     if (sleeping_.load(std::memory_order_acquire)) {
@@ -481,13 +507,19 @@ class ProcessGroupFastgather : public c10d::Backend {
   }
 
   // Under the drive lock: settles pending works in order, as far as their
-  // requests are complete (block: waiting for them), up to and including
-  // `upto` (null: all). True when `upto` (or everything) is settled.
-  bool advance(FastgatherWork* upto, bool block, std::vector<c10::intrusive_ptr<FastgatherWork>>* done) {
+  // requests complete by `until` (kNow: non-blocking rounds; max: as long as
+  // it takes), up to and including `upto` (null: all). True when `upto` (or
+  // everything) is settled.
+  bool advance(FastgatherWork* upto, Clock::time_point until, std::vector<c10::intrusive_ptr<FastgatherWork>>* done) {
     while (!pending_.empty()) {
       const c10::intrusive_ptr<FastgatherWork>& w = pending_.front();
-      for (fg::Request& r : w->requests) {
-        if (!block && !r.test()) return false;
+      if (until != Clock::time_point::max()) {  // else settle() waits
+        for (fg::Request& r : w->requests) {
+          const auto now = Clock::now();
+          const bool complete =
+              until <= now ? r.test() : r.wait_for(std::chrono::duration_cast<std::chrono::microseconds>(until - now));
+          if (!complete) return false;
+        }
       }
       w->settle();
       const bool last = w.get() == upto;
@@ -514,14 +546,14 @@ class ProcessGroupFastgather : public c10d::Backend {
     std::unique_lock<std::mutex> nap(sleep_mu_);
     while (!stop_) {
       nap.unlock();
-      bool pending = true, stale = false;
+      bool pending = true, drove = false;
       std::vector<c10::intrusive_ptr<FastgatherWork>> done;
-      {
+      if (owners_waiting_.load(std::memory_order_acquire) == 0) {
         std::unique_lock<std::timed_mutex> lock(drive_mu_, std::try_to_lock);
         if (lock.owns_lock()) {  // else someone is driving: nothing to add
           if (!pending_.empty() && Clock::now() - pending_.front()->started_ >= kGrace) {
-            stale = true;
-            advance(nullptr, false, &done);
+            drove = true;
+            advance(nullptr, Clock::now() + kDriveSlice, &done);
           }
           pending = !pending_.empty();
         }
@@ -530,6 +562,11 @@ class ProcessGroupFastgather : public c10d::Backend {
       done.clear();
       const auto now = Clock::now();
       if (pending) idle_since = now;
+      if (drove && pending) {  // the slice waited in the engine: straight on, after a word to the owner
+        std::this_thread::yield();
+        nap.lock();
+        continue;
+      }
       nap.lock();
       if (stop_) break;
       if (!pending && now - idle_since > kLinger) {
@@ -551,8 +588,8 @@ class ProcessGroupFastgather : public c10d::Backend {
         idle_since = Clock::now();
         continue;
       }
-      sleep_cv_.wait_for(nap, stale ? std::chrono::duration_cast<std::chrono::microseconds>(kPollActive)
-                                    : std::chrono::duration_cast<std::chrono::microseconds>(pending ? kGrace : kPollIdle));
+      sleep_cv_.wait_for(nap, pending ? std::chrono::duration_cast<std::chrono::microseconds>(kGrace)
+                                      : std::chrono::duration_cast<std::chrono::microseconds>(kPollIdle));
     }
   }
 
@@ -561,6 +598,7 @@ class ProcessGroupFastgather : public c10d::Backend {
   // One thread at a time drives the group's requests (the library's rule);
   // it also guards pending_. Timed: wait(timeout) must not block past it.
   std::timed_mutex drive_mu_;
+  std::atomic<int> owners_waiting_{0};
   std::deque<c10::intrusive_ptr<FastgatherWork>> pending_;
   // The progress thread's sleep.
   std::mutex sleep_mu_;
@@ -618,7 +656,7 @@ bool FastgatherWork::isCompleted() {
   std::vector<c10::intrusive_ptr<FastgatherWork>> done;
   {
     std::unique_lock<std::timed_mutex> lock(pg_->drive_mu_, std::try_to_lock);
-    if (lock.owns_lock() && queued_) pg_->advance(this, false, &done);
+    if (lock.owns_lock() && queued_) pg_->advance(this, kNow, &done);
   }
   for (auto& w : done) w->publish();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -628,14 +666,13 @@ bool FastgatherWork::isCompleted() {
 bool FastgatherWork::wait(std::chrono::milliseconds timeout) {
   const bool forever = timeout == kNoTimeout;
   const auto deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
-  for (int round = 0;; ++round) {
+  for (;;) {
     std::vector<c10::intrusive_ptr<FastgatherWork>> done;
     {
-      std::unique_lock<std::timed_mutex> lock(pg_->drive_mu_, std::defer_lock);
-      const bool got = forever ? (lock.lock(), true) : lock.try_lock_until(deadline);
-      // Without a timeout the engine's own wait (its deadline is the group's);
-      // with one, non-blocking rounds until it runs out.
-      if (got && queued_) pg_->advance(this, forever, &done);
+      // The engine's own wait, until the deadline (without a timeout, the
+      // group's own deadline is the only one).
+      ProcessGroupFastgather::OwnerLock lock(*pg_, deadline);
+      if (lock.owns() && queued_) pg_->advance(this, deadline, &done);
     }
     for (auto& w : done) w->publish();
     {
@@ -650,11 +687,6 @@ bool FastgatherWork::wait(std::chrono::milliseconds timeout) {
       C10_THROW_ERROR(DistBackendError,
                       c10::str("fastgather: ", c10d::opTypeToString(opType_), " was not complete after wait(timeout=",
                                timeout.count(), " ms); it is still in flight (wait again, or destroy the group)"));
-    }
-    if (round < 16) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 }

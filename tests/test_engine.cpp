@@ -348,3 +348,22 @@ TEST(Finalize, CompletesStartedRequestsAndIsIdempotent) {
     return "";
   }));
 }
+
+// wait_for: gives up after its timeout without an error (the request stays in
+// flight, and completes later with every byte right); returns true once done.
+TEST(Requests, WaitForGivesUpWithoutAnErrorAndTheRequestCompletesLater) {
+  fgtest::expect_all_ok(on_world(2, [](const Config&, Communicator&, Group& g) -> std::string {
+    if (g.rank() == 1) std::this_thread::sleep_for(400ms);
+    InFlight f = InFlight::start(g, 300 << 10, 7, false);  // several pipeline steps
+    if (g.rank() == 0) {
+      const auto t0 = Clock::now();
+      const bool done = f.req.wait_for(50ms);
+      const double took = ms_since(t0);
+      RANK_CHECK(!done, "complete although rank 1 starts 400 ms later");
+      RANK_CHECK(took >= 49 && took < 300, "wait_for(50 ms) returned after {:.1f} ms", took);
+    }
+    RANK_CHECK(f.req.wait_for(std::chrono::microseconds(10'000'000)), "not complete within 10 s");
+    RANK_OK(f.req.wait());
+    return f.check(g);
+  }));
+}

@@ -8,6 +8,7 @@
 // servers stays failed after any error (messages may still be in flight).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,6 +69,11 @@ class Request {
   bool test();
   // Blocks until complete; the call's status (the same on every later call).
   Status wait();
+  // Blocks until complete or `timeout` has passed, waiting as wait() does
+  // (woken when a peer posts); true once complete. Running out is no error:
+  // the request stays in flight (its own deadline, Config::timeout, still
+  // ends it with one).
+  bool wait_for(std::chrono::microseconds timeout);
 
   struct State;  // internal
 

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <array>
 #include <new>
 #include <vector>
@@ -131,16 +132,19 @@ bool Driver::test() {
   return true;
 }
 
-void Driver::wait() {
+bool Driver::wait_until(Clock::time_point until) {
   if (!started_) start();
   const auto spin = opt_.policy.spin, spin_yield = opt_.policy.spin + opt_.policy.yield;
+  const bool bounded = until != Clock::time_point::max();
   while (!done_) {
     // The one wait loop: whatever is awaited, the network keeps moving.
     for (;;) {
       const bool net_busy = opt_.net != nullptr && opt_.net->busy();
       if (net_busy) opt_.net->progress();
-      const auto waited = Clock::now() - wait_began_;
+      const auto now = Clock::now();
+      const auto waited = now - wait_began_;
       if (round(waited)) break;
+      if (bounded && now >= until) return false;
       if (waited < spin) {
         for (int i = 0; i < 64 && !current_->ready(); ++i) FG_PAUSE();
       } else if (waited < spin_yield) {
@@ -150,12 +154,15 @@ void Driver::wait() {
         // waiting on this rank there while this rank waits here.
         const bool elsewhere = opt_.others && opt_.others();
         if (current_->ready()) break;  // it may have come meanwhile
-        current_->sleep(net_busy || elsewhere ? std::chrono::nanoseconds(kSliceWithNetwork)
-                                              : std::chrono::nanoseconds(opt_.policy.sleep_slice));
+        auto slice = net_busy || elsewhere ? std::chrono::nanoseconds(kSliceWithNetwork)
+                                           : std::chrono::nanoseconds(opt_.policy.sleep_slice);
+        if (bounded) slice = std::min<std::chrono::nanoseconds>(slice, until - now);
+        current_->sleep(slice);
       }
     }
     resume();
   }
+  return true;
 }
 
 Status Driver::run(Task<Status> op, const DriveOptions& options) {
@@ -217,6 +224,14 @@ void Queue::wait(Driver& op) {
     ops_.front()->wait();
     pop_done();
   }
+}
+
+bool Queue::wait_until(Driver& op, Clock::time_point until) {
+  while (!op.done() && !ops_.empty()) {
+    if (!ops_.front()->wait_until(until)) return false;
+    pop_done();
+  }
+  return op.done();
 }
 
 void Queue::drain() {

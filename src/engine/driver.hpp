@@ -87,7 +87,10 @@ class Driver {
   // lost peer or a timeout.
   bool test();
   // Blocks until done.
-  void wait();
+  void wait() { wait_until(Clock::time_point::max()); }
+  // Blocks until done or `until` (the operation's own deadline still ends
+  // it with an error); true once done.
+  bool wait_until(Clock::time_point until);
   const Status& result() const { return result_; }
 
   // For waiters (Waiter::await_suspend).
@@ -147,6 +150,8 @@ class Queue {
   bool test(Driver& op);
   // Completes everything up to and including `op`.
   void wait(Driver& op);
+  // The same, giving up (without an error) at `until`; true once `op` is done.
+  bool wait_until(Driver& op, Clock::time_point until);
   // Completes everything started.
   void drain();
 

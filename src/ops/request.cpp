@@ -30,6 +30,12 @@ bool Request::test() {
   return state_->queue->test(*state_->driver);
 }
 
+bool Request::wait_for(std::chrono::microseconds timeout) {
+  if (!state_ || state_->driver->done()) return true;
+  engine::Queue::Hold hold(*state_->queue);
+  return state_->queue->wait_until(*state_->driver, engine::Clock::now() + timeout);
+}
+
 Status Request::wait() {
   if (!state_) return Status::Ok();
   if (!state_->driver->done()) {

@@ -1,6 +1,6 @@
 """torch's own distributed_test.py, the tests of the ops fastgather serves,
 with BACKEND=fastgather at world sizes 2 and 4, and 8 for the subgroup tests, which torch
-runs only from 8 ranks (torch_suite/run_distributed_test.py).
+runs only from 8 ranks (torch_suite/distributed_suite.py).
 Each is named, so none may be skipped: every one must run and pass."""
 import os
 import re
@@ -30,7 +30,7 @@ def test_torchs_own_tests_of_the_supported_ops_pass(world, tmp_path):
     # torch skips the subgroup tests below 8 ranks: they run at 8, the others at 2 and 4.
     tests = [t for t in SUPPORTED if subgroup_test(t) == (world == 8)]
     names = [f"TestFastgatherBackend.{t}" for t in tests]
-    p = subprocess.run([sys.executable, os.path.join(HERE, "torch_suite", "run_distributed_test.py"), *names],
+    p = subprocess.run([sys.executable, os.path.join(HERE, "torch_suite", "distributed_suite.py"), *names],
                        env=env, capture_output=True, text=True, timeout=1200)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-5000:]
@@ -41,7 +41,7 @@ def test_torchs_own_tests_of_the_supported_ops_pass(world, tmp_path):
 def test_an_unsupported_op_fails_naming_itself(tmp_path):
     """The suite's all_reduce test fails, and says that fastgather does not serve all_reduce."""
     env = dict(os.environ, BACKEND="fastgather", WORLD_SIZE="2", TEMP_DIR=str(tmp_path))
-    p = subprocess.run([sys.executable, os.path.join(HERE, "torch_suite", "run_distributed_test.py"),
+    p = subprocess.run([sys.executable, os.path.join(HERE, "torch_suite", "distributed_suite.py"),
                         "TestFastgatherBackend.test_all_reduce_sum"], env=env, capture_output=True, text=True,
                        timeout=600)
     out = p.stdout + p.stderr

@@ -320,11 +320,13 @@ def matmul_for(seconds):
 
 def async_overlap(rank, world):
     """async_op=True: rank 0 starts the gather, computes 50 ms, then waits; rank 1's blocking
-    call must return during rank 0's computation, and rank 0 must find its work done. 8 MB per
-    rank takes many pipeline steps through the ring, so rank 0's side must make progress
-    while Python computes (its progress thread), not only post its first bytes."""
+    call must return during rank 0's computation, and rank 0 must find its work done. 1 MiB per
+    rank takes several pipeline steps through the ring (a quarter of L2 each), so rank 0's side
+    must make progress while Python computes (its progress thread), not only post its first
+    bytes. (Larger blocks, 8 MB, took 40-62 ms here: each step waits for the progress thread to
+    be scheduled beside torch's two matmul threads on two cores.)"""
     fg = dist.new_group(list(range(world)), backend="fastgather")
-    for nbytes in [96 * 1024, 8 << 20]:
+    for nbytes in [96 * 1024, (1 << 20) + 4]:
         n = nbytes // 4
         x = pattern(rank, torch.float32, (n,))
         flat = torch.empty(world * n)
