@@ -408,7 +408,6 @@ class ProcessGroupFastgather : public c10d::Backend {
                                                type, std::move(result));
   }
 
-  // Starts one library request of the work, under the drive lock.
   // The owner's side of drive_mu_ (ops, waits): the progress thread does not
   // take the lock while an owner is waiting for it.
   class OwnerLock {
@@ -430,6 +429,7 @@ class ProcessGroupFastgather : public c10d::Backend {
     bool owns_;
   };
 
+  // Starts one library request of the work, under the drive lock.
   template <class Start>
   void start(FastgatherWork& work, Start&& how) {
     OwnerLock lock(*this);

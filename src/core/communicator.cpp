@@ -32,6 +32,16 @@ using bootstrap::Clock;
 
 namespace {
 
+// A number another process wrote into the store: untrusted (a stranger who
+// reached the store may have written anything), so parsed strictly, and a
+// bad one fails the group with an error naming the key (and at most a short
+// excerpt of what was there).
+Result<uint64_t> store_number(const std::string& key, const std::string& text, uint64_t max) {
+  constexpr size_t kShown = 40;
+  return base::parse_count(text.size() > kShown ? text.substr(0, kShown) + "..." : text, 0, max,
+                           fmt::format("store key '{}'", key));
+}
+
 // Per member. Big enough that a line is reused only after it has left the
 // peers' L2 caches (see shm_channel.hpp); steps are a quarter of it.
 constexpr size_t kDefaultRingBytes = 4 << 20;
@@ -607,7 +617,10 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (heap_value.value() != "-") {
       const std::string& v = heap_value.value();
       const auto space = v.find(' ');
-      const size_t region = space == std::string::npos ? 0 : std::stoull(v.substr(space + 1));
+      auto region_value = store_number(local_key + "/heap", space == std::string::npos ? v : v.substr(space + 1),
+                                       base::find_env("FG_SYMMETRIC_BYTES")->max);
+      if (!region_value.ok()) return where(region_value.status());
+      const size_t region = region_value.value();
       auto hs = transport::ShmSegment::open(v.substr(0, space), transport::ShmHeap::segment_bytes(local_n, region),
                                             transport::ShmSegment::Pages::kOnDemand);
       if (!hs.ok()) return where(hs.status());
@@ -663,6 +676,8 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
       if (!got.ok()) return where(got.status());
       id = got.value();
     }
+    auto net_id = store_number(key + "/id", id, 0xffff);
+    if (!net_id.ok()) return where(net_id.status());
     // The group's own worker: its address goes through the store.
     auto worker = transport::UcxWorker::create(*ucx);
     if (!worker.ok()) return where(worker.status());
@@ -674,7 +689,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
       if (!addr.ok()) return where(addr.status());
       addresses[m] = std::move(addr).value();
     }
-    auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(std::stoi(id)), ranks, me,
+    auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(net_id.value()), ranks, me,
                                               addresses, label);
     if (!net.ok()) return where(net.status());
     impl->net = std::move(net).value();

@@ -28,6 +28,7 @@ MUTATIONS=(
   "the engine ignores the operation's deadline|src/engine/driver.cpp|s/if \(why\.ok\(\) && Clock::now\(\) > deadline_\)/if (false \&\& why.ok() \&\& Clock::now() > deadline_)/|test_engine|Deadline.*"
   "the engine ignores Communicator::abort()|src/engine/driver.cpp|s/opt_\.aborted->load\(std::memory_order_acquire\) != 0/false/|test_engine|Abort.FromAnotherThread*"
   "a broadcast hands members every block but the root's|src/algo/allgather.cpp|s/\(call\.root < 0 \|\| peer == call\.root\)/(call.root < 0 || peer != call.root)/|test_broadcast|BroadcastWorlds*"
+  "a heap size from the store that is no number is used as zero|src/core/communicator.cpp|s/if \(!region_value\.ok\(\)\) return where\(region_value\.status\(\)\);\n(\s*)const size_t region = region_value\.value\(\);/const size_t region = region_value.ok() ? region_value.value() : 0;/|test_untrusted_store|UntrustedStore.*"
   "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/i == 0 && peer < local_\.members\(\)/i < 0 \&\& peer < local_.members()/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
 )
 
