@@ -253,10 +253,20 @@ TEST(FgBench, BadFlagsAndSizesAreRefusedByName) {
       {"--time-ms -1", "--time-ms"}, {"--time-ms nan", "--time-ms"}, {"--trials 0", "--trials"},
       {"--warmup -1", "--warmup"}, {"--port 0", "--port"},     {"--tp 46341 --dp 46341", "--tp"},
       {"--m 1000000000", "available"}, {"--m 4000000 --hidden 100000", "available"},
+      // Output files are checked before the run, not after it.
+      {"--json /nonexistent/dir/x.json", "--json /nonexistent/dir/x.json: the folder /nonexistent/dir does not exist"},
+      {"--plot /nonexistent/p.png", "--plot /nonexistent/p.png: the folder /nonexistent does not exist"},
+      {"--json /tmp", "--json /tmp: is a folder"},
+      {"--master ''", "rendezvous host (MASTER_IP, --master) is empty"},
+      {"MASTER_IP=", "MASTER_IP is set but empty"},
   };
   for (const Bad& b : cases) {
     std::string out;
-    int rc = run_bench(FG_BENCH_NOMPI, fmt::format("{} --no-limits --no-compare", b.args), &out);
+    // A leading VAR= sets the environment of the run instead of a flag.
+    const std::string a = b.args;
+    const bool env = a.find('=') != std::string::npos && a.rfind("--", 0) != 0;
+    int rc = env ? run_bench(a + " " + FG_BENCH_NOMPI, "--no-limits --no-compare", &out)
+                 : run_bench(FG_BENCH_NOMPI, fmt::format("{} --no-limits --no-compare", a), &out);
     EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << b.args << " -> status " << rc << ": " << out;
     EXPECT_NE(out.find(b.needle), std::string::npos) << b.args << ": " << out;
   }

@@ -102,6 +102,7 @@ Status LaunchPlan::validate() const {
   if (server_index < 0 || server_index >= servers) {
     return bad(fmt::format("SERVER_INDEX={} is outside 0..{}", server_index, servers - 1));
   }
+  if (master_addr.empty()) return bad("the rendezvous host (MASTER_IP, --master) is empty");
   if (master_port < 1 || master_port > 65535) {
     return bad(fmt::format("PORT={} is not a TCP port every rank can find (1..65535)", master_port));
   }
@@ -137,7 +138,11 @@ Result<LaunchPlan> launch_plan_from_env(LaunchPlan p) {
   } else if (t.value()) {
     p.timeout = std::chrono::milliseconds(*t.value());
   }
-  if (const char* ip = std::getenv("MASTER_IP"); ip != nullptr && *ip != '\0') p.master_addr = ip;
+  if (const char* ip = std::getenv("MASTER_IP"); ip != nullptr) {
+    // Set but empty is a mistake (a variable the script forgot to fill), not "the default".
+    if (*ip == '\0') return Status{ErrorKind::kInvalidArgument, "MASTER_IP is set but empty; unset it for 127.0.0.1"};
+    p.master_addr = ip;
+  }
   if (Status s = base::check_environment(); !s.ok()) return s;
   if (const char* tok = std::getenv("FG_TOKEN"); tok != nullptr) p.token = tok;
   if (Status s = p.validate(); !s.ok()) return s;

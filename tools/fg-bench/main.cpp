@@ -6,9 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -170,6 +173,26 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   }
   return "unknown";
+}
+
+// A file the run will write at its end: its folder must exist and take it,
+// and the file, if there, must be writable. Nothing is created here.
+Status check_writable(const char* flag, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return {ErrorKind::kInvalidArgument, fmt::format("{} {}: the folder {} does not exist", flag, path, dir.string())};
+  }
+  const bool exists = std::filesystem::exists(p, ec);
+  if (exists && std::filesystem::is_directory(p, ec)) {
+    return {ErrorKind::kInvalidArgument, fmt::format("{} {}: is a folder", flag, path)};
+  }
+  if (::access(exists ? path.c_str() : dir.c_str(), W_OK) != 0) {
+    return {ErrorKind::kInvalidArgument, fmt::format("{} {}: cannot be written ({})", flag, path, std::strerror(errno))};
+  }
+  return Status::Ok();
 }
 
 nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& plan) {
@@ -574,6 +597,10 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "fg-bench: --mm-dtype must be fp16, bf16 or fp32\n"), 2;
   }
   if (Status s = plan.validate(); !s.ok()) return std::fprintf(stderr, "fg-bench: %s\n", s.to_string().c_str()), 2;
+  // Where the results go must be writable before minutes of measuring, not after.
+  for (auto [flag, path] : {std::pair{"--json", o.json}, {"--plot", o.plot}, {"--plot", o.plot.empty() ? o.plot : o.plot + ".svg"}}) {
+    if (Status s = check_writable(flag, path); !s.ok()) return std::fprintf(stderr, "fg-bench: %s\n", s.message().c_str()), 2;
+  }
   // SERVER_NUM > 1 with no SERVER_INDEX: every server's ranks on this host
   // (simulated servers, UCX over TCP loopback between them).
   const bool simulate = plan.servers > 1 && std::getenv("SERVER_INDEX") == nullptr && !server_index_given;
