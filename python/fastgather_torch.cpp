@@ -796,17 +796,15 @@ TORCH_LIBRARY_IMPL(fastgather, CPU, m) { m.impl("all_gather_base_mm", &all_gathe
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastgather: a torch.distributed backend and the fused all-gather + matmul";
   py::module_::import("torch.distributed");
+  // One name per group in this process, whatever the rank (torch_npu's takes one).
+  auto name = [](ProcessGroupFastgather& pg, py::object /*rank*/) { return pg.comm_name(); };
   py::class_<ProcessGroupFastgather, c10d::Backend, c10::intrusive_ptr<ProcessGroupFastgather>>(m,
                                                                                                 "ProcessGroupFastgather")
-      .def("get_comm_name", [](ProcessGroupFastgather& pg, py::object /*rank*/) { return pg.comm_name(); },
-           py::arg("rank") = py::none(), "The name all_gather_base_mm takes as hcom")
-      .def("get_hccl_comm_name", [](ProcessGroupFastgather& pg, py::object /*rank*/) { return pg.comm_name(); },
-           py::arg("rank") = py::none(), "get_comm_name, under torch_npu's name")
+      .def("get_comm_name", name, py::arg("rank") = py::none(), "The name all_gather_base_mm takes as hcom")
+      .def("get_hccl_comm_name", name, py::arg("rank") = py::none(), "get_comm_name, under torch_npu's name")
       .def("transport", &ProcessGroupFastgather::transport);
   m.def("create_backend", &create_backend, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("ours", [](py::handle obj) { return ours(obj, "the backend") != nullptr; });
   m.def("comm_name", [](py::handle obj) { return ours(obj, "the backend")->comm_name(); });
-  m.def("transport", [](py::handle obj) { return ours(obj, "the backend")->transport(); });
   m.def("empty_bytes", [](py::handle obj, int64_t nbytes) { return empty_bytes(*ours(obj, "the backend"), nbytes); });
 }

@@ -115,8 +115,9 @@ namespace {
 // One lockstep step: publish `len` bytes of `data` (inline, or through this
 // member's ring), then - after `posted` - wait for every peer's post of the
 // same step, compare headers on the call's first step, and hand each peer's
-// post to `take` (which knows how many bytes the peer's step holds). Every peer is waited for even after a mismatch, so all
-// members leave the call at the same step.
+// post to `take` (which knows how many bytes the peer's step holds). Every
+// peer is waited for even after a mismatch, so all members leave the call at
+// the same step.
 engine::Task<Status> lockstep(transport::ShmChannel& ch, const GatherCall& call, transport::PostHeader mine,
                               Protocol protocol, CopyIn how, const std::byte* data, size_t len, bool first,
                               std::string* mismatch, int* disagreeing, FunctionRef<void()> posted,

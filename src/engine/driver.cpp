@@ -219,13 +219,6 @@ bool Queue::test(Driver& op) {
   return op.done();
 }
 
-void Queue::wait(Driver& op) {
-  while (!op.done() && !ops_.empty()) {
-    ops_.front()->wait();
-    pop_done();
-  }
-}
-
 bool Queue::wait_until(Driver& op, Clock::time_point until) {
   while (!op.done() && !ops_.empty()) {
     if (!ops_.front()->wait_until(until)) return false;

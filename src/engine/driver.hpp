@@ -149,7 +149,7 @@ class Queue {
   // Progress up to `op` without blocking; true once `op` is done.
   bool test(Driver& op);
   // Completes everything up to and including `op`.
-  void wait(Driver& op);
+  void wait(Driver& op) { wait_until(op, Clock::time_point::max()); }
   // The same, giving up (without an error) at `until`; true once `op` is done.
   bool wait_until(Driver& op, Clock::time_point until);
   // Completes everything started.
