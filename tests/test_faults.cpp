@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -199,3 +202,50 @@ TEST(Oversubscribed, SixRanksOnTwoCoresMixedSizes) {
     return fgtest::gather_mixed_sizes(c, 3, 2, {8, 96 * 1024, 1000, 0, 300000}, 2000);
   }));
 }
+
+// A member that cannot build a group (here: no address space left for the
+// group's symmetric heap, as under `ulimit -v`) says why to the members
+// waiting on it: they fail at once with its reason, not at their timeout,
+// and the reason names the setting that needs the address space. The
+// creator (member 0) and a member that maps what the creator made, in turn.
+class MemberCannotMap : public ::testing::TestWithParam<int> {};
+
+TEST_P(MemberCannotMap, TheOthersFailAtOnceWithItsReason) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "an address-space limit and a sanitizer's shadow memory do not mix";
+#endif
+  const int failing = GetParam();
+  fgtest::JobOptions o;
+  o.timeout = 20s;
+  auto results = fgtest::run_job(3, [&](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    if (c.rank == failing) {
+      // Room for what this process has, and 64 MiB more: not for a second
+      // heap of 3 x FG_SYMMETRIC_BYTES (1 GiB by default).
+      long pages = 0;
+      FILE* f = std::fopen("/proc/self/statm", "r");
+      RANK_CHECK(f != nullptr && std::fscanf(f, "%ld", &pages) == 1, "cannot read /proc/self/statm");
+      std::fclose(f);
+      const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (64 << 20);
+      rlimit rl{limit, limit};
+      RANK_CHECK(::setrlimit(RLIMIT_AS, &rl) == 0, "setrlimit: {}", std::strerror(errno));
+    }
+    const auto t0 = Clock::now();
+    auto g = (*comm)->new_group({0, 1, 2});
+    const double took = ms_since(t0);
+    RANK_CHECK(!g.ok(), "the group was built although rank {} had no address space for its heap", failing);
+    const std::string& m = g.status().message();
+    RANK_CHECK(m.find("FG_SYMMETRIC_BYTES") != std::string::npos, "the reason does not name the setting: {}", m);
+    if (c.rank != failing) {
+      RANK_CHECK(m.find(fmt::format("rank {}: creating group", failing)) != std::string::npos,
+                 "the reason is not rank {}'s: {}", failing, m);
+      RANK_CHECK(took < 5000, "learnt it after {:.0f} ms (the timeout is 20 s)", took);
+      std::printf("rank %d learnt rank %d's failure after %.0f ms: %s\n", c.rank, failing, took, m.c_str());
+    }
+    return "";
+  }, o);
+  fgtest::expect_all_ok(results);
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, MemberCannotMap, ::testing::Values(0, 2));

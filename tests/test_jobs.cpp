@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
@@ -17,10 +18,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "bootstrap/tcp_store.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
 
@@ -168,6 +171,100 @@ TEST(Spawner, AnotherJobOnThePortIsRefused) {
   int st = 0;
   ASSERT_EQ(::waitpid(job_a, &st, 0), job_a);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the first job was disturbed: status " << st;
+}
+
+namespace {
+
+// What a local stranger who knows the job's id (it is in the job's segment
+// names in /dev/shm while they exist) tries on the job's store: every token
+// it could derive from what it can read, with and without a rank's identity,
+// and if let in, SET job/abort. Returns how many attempts were admitted.
+int stranger_attempts(int port, const std::string& job) {
+  int admitted = 0;
+  for (const std::string& token : {std::string(), "spawner-" + job, job}) {
+    for (const char* identity : {"", "1/2"}) {
+      auto c = bootstrap::TcpStoreClient::connect("127.0.0.1", port, token, Clock::now() + std::chrono::seconds(2),
+                                                  identity);
+      if (!c.ok()) continue;
+      ++admitted;
+      (void)c.value()->set(bootstrap::kJobAbortKey, bootstrap::job_abort_value({ErrorKind::kAborted, "a stranger"}, 0));
+    }
+  }
+  return admitted;
+}
+
+// Runs f in a child process as uid/gid 65534 (what `setpriv --reuid=65534
+// --regid=65534 --clear-groups` does); its exit status.
+int as_nobody(const std::function<int()>& f) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(99);
+    ::_exit(f());
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+}  // namespace
+
+// A one-server job started without FG_TOKEN: its store admits only its own
+// ranks. A local user of another uid, and one of the same uid, who know the
+// job id try every token derivable from it while rank 1 has not joined yet:
+// none gets in, and the job completes. (Before: the token was
+// "spawner-<job id>", and uid 65534 stopped a root job this way.)
+TEST(Spawner, ALocalStrangerCannotJoinOrStopAJob) {
+  const bool root = ::geteuid() == 0;
+  const int port = fgtest::free_port();
+  int to_test[2], to_rank[2];
+  ASSERT_EQ(::pipe(to_test), 0);
+  ASSERT_EQ(::pipe(to_rank), 0);
+  std::fflush(nullptr);
+  pid_t job = ::fork();
+  if (job == 0) {
+    ::close(to_test[0]);
+    ::close(to_rank[1]);
+    LaunchPlan plan;
+    plan.dp = 2;
+    plan.master_port = port;
+    plan.timeout = std::chrono::milliseconds(20000);
+    ::_exit(run_local_ranks(plan, [&](const Config& c) {
+      if (c.rank == 1) {
+        // Rank 0's store is up: the strangers try first, with the job's id.
+        const char* id = std::getenv("FG_JOB_ID");
+        const std::string job_id = id != nullptr ? id : "";
+        (void)!::write(to_test[1], job_id.data(), job_id.size());
+        ::close(to_test[1]);
+        char done = 0;
+        if (::read(to_rank[0], &done, 1) != 1) return 30;
+      }
+      auto comm = Communicator::create(c);
+      if (!comm.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", c.rank, comm.status().to_string().c_str());
+        return 20;
+      }
+      return barrier((*comm)->world()).ok() ? 0 : 21;
+    }));
+  }
+  ::close(to_test[1]);
+  ::close(to_rank[0]);
+  char buf[128] = {};
+  const ssize_t n = ::read(to_test[0], buf, sizeof(buf) - 1);
+  ::close(to_test[0]);
+  ASSERT_GT(n, 0) << "rank 1 did not say the job id";
+  const std::string job_id(buf, static_cast<size_t>(n));
+  EXPECT_EQ(stranger_attempts(port, job_id), 0) << "a stranger of this uid was admitted";
+  if (root) {
+    EXPECT_EQ(as_nobody([&] { return stranger_attempts(port, job_id); }), 0) << "a stranger of uid 65534 was admitted";
+  }
+  char done = 1;
+  ASSERT_EQ(::write(to_rank[1], &done, 1), 1);
+  ::close(to_rank[1]);
+  int st = 0;
+  ASSERT_EQ(::waitpid(job, &st, 0), job);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the job was disturbed: status " << st;
+  if (!root) GTEST_SKIP() << "the stranger of another uid needs root to run; same-uid strangers were refused";
 }
 
 // Something else holds the port and accepts connections but never answers:

@@ -214,14 +214,23 @@ TEST(ShmSegment, NamesAreSweptWhenTheirCreatorIsDead) {
   }
   int status = 0;
   ::waitpid(child, &status, 0);
-  const std::string name = fmt::format("fg-sweeptest-{}-0", child);
+  const std::string prefix = fmt::format("fg-sweeptest-{}-0r", child);
   auto has = [&] {
     auto v = fgtest::fg_segments();
-    return std::find(v.begin(), v.end(), name) != v.end();
+    return std::any_of(v.begin(), v.end(), [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
   };
   ASSERT_TRUE(has());
   EXPECT_GE(ShmSegment::sweep_stale(), 1);
   EXPECT_FALSE(has());
+}
+
+// A local user can read a job's id and its ranks' pids in /dev/shm; the
+// names they would need to create first must not follow from those.
+TEST(ShmSegment, NamesCannotBePredictedFromJobPidAndSerial) {
+  const std::string a = ShmSegment::segment_name("job", 42, 0), b = ShmSegment::segment_name("job", 42, 0);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.rfind(ShmSegment::job_prefix("job") + "42-0r", 0), 0u) << a;
+  EXPECT_GE(a.size(), ShmSegment::job_prefix("job").size() + 4 + 16) << a;
 }
 
 TEST(ShmSegment, CreatedPrivateAndGoneAfterDestruction) {

@@ -4,9 +4,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <functional>
 #include <thread>
 
 #include "bootstrap/tcp_store.hpp"
@@ -18,7 +22,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::unique_ptr<TcpStoreServer> start(const std::string& token = "") {
-  auto s = TcpStoreServer::start("127.0.0.1", 0, token);
+  auto s = TcpStoreServer::start("127.0.0.1", 0, {.token = token});
   EXPECT_TRUE(s.ok()) << s.status().to_string();
   return std::move(s).value();
 }
@@ -183,7 +187,7 @@ TEST(TcpStoreParser, AcceptsWhatTheEncoderWritesAndNothingLonger) {
 }
 
 TEST(TcpStore, HalfOpenAndSilentConnectionsNeitherBlockNorStay) {
-  auto s = TcpStoreServer::start("127.0.0.1", 0, "", 300ms);
+  auto s = TcpStoreServer::start("127.0.0.1", 0, {.hello_within = 300ms});
   ASSERT_TRUE(s.ok());
   auto& server = s.value();
   // One connection sends half a frame and stalls; another says nothing at all.
@@ -203,4 +207,134 @@ TEST(TcpStore, HalfOpenAndSilentConnectionsNeitherBlockNorStay) {
   ::close(half);
   ::close(silent);
   EXPECT_GE(server->rejected_connections(), 2u);
+}
+
+namespace {
+
+// Runs `body` in a child process as uid/gid 65534 (nobody), as `setpriv
+// --reuid=65534 --regid=65534 --clear-groups` would; its exit status.
+// Needs root: the caller skips otherwise.
+int as_nobody(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(99);
+    ::_exit(body());
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+}  // namespace
+
+// The kernel's socket table says who opened a connection on this host.
+TEST(TcpStore, KnowsWhichLocalUserOpenedAConnection) {
+  auto server = start();
+  int fd = raw_socket(server->port());
+  // Our own connection, seen from its accepted end, is ours.
+  int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(l, 1), 0);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(::getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  int c = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  int a = ::accept(l, nullptr, nullptr);
+  ASSERT_GE(a, 0);
+  auto uid = peer_uid_on_this_host(a);
+  ASSERT_TRUE(uid.has_value()) << "this kernel's socket table (sock_diag) cannot be read";
+  EXPECT_EQ(*uid, ::geteuid());
+  for (int x : {fd, l, c, a}) ::close(x);
+}
+
+// Another local user who has the job's token (it leaked) is still refused:
+// the connection is not this job's user's, and the job's state is untouched.
+TEST(TcpStore, AnotherLocalUserIsRefusedEvenWithTheToken) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  auto server = start("secret");
+  auto good = connect(server->port(), "secret");
+  ASSERT_TRUE(good && good->set("x", "1").ok());
+  const int port = server->port();
+  const int rc = as_nobody([port] {
+    auto c = TcpStoreClient::connect("127.0.0.1", port, "secret", Clock::now() + 2s);
+    if (c.ok()) {
+      (void)c.value()->set(kJobAbortKey, "stranger");
+      return 1;  // admitted
+    }
+    return c.status().message().find("uid 65534") != std::string::npos ? 0 : 2;
+  });
+  EXPECT_EQ(rc, 0) << "1: a client of uid 65534 was admitted; 2: refused without saying why";
+  auto v = good->get("x", Clock::now() + 1s);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v.value(), "1");
+  EXPECT_FALSE(good->get(kJobAbortKey, Clock::now() + 100ms).ok());
+}
+
+// Once every rank of the job has joined, nobody else is let in, whatever
+// token or identity they bring.
+TEST(TcpStore, NobodyJoinsOnceTheJobIsComplete) {
+  auto server = start("secret");
+  auto r0 = TcpStoreClient::connect("127.0.0.1", server->port(), "secret", Clock::now() + 1s, "0/2");
+  auto r1 = TcpStoreClient::connect("127.0.0.1", server->port(), "secret", Clock::now() + 1s, "1/2");
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  for (const char* identity : {"", "1/2", "2/3"}) {
+    auto late = TcpStoreClient::connect("127.0.0.1", server->port(), "secret", Clock::now() + 1s, identity);
+    ASSERT_FALSE(late.ok()) << "'" << identity << "' was admitted";
+    EXPECT_NE(late.status().message().find("all 2 ranks of this job have joined"), std::string::npos)
+        << late.status().message();
+  }
+  // A rank that left does not make room for another.
+  r1.value().reset();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(TcpStoreClient::connect("127.0.0.1", server->port(), "secret", Clock::now() + 1s, "1/2").ok());
+}
+
+// Connections that never finish their HELLO: whatever their number and
+// however much they send, the store holds a few KiB for each (at most
+// kMaxStrangers at a time; a frame longer than any HELLO closes its
+// connection at once) and drops them at the HELLO deadline; a rank still
+// gets in meanwhile. (Before: 600 connections each sending 1 MiB of a HELLO
+// grew the store host by 620 MB.)
+TEST(TcpStore, HalfSentHellosCostLittleMemory) {
+  auto rss = [] {
+    long pages = 0, resident = 0;
+    FILE* f = std::fopen("/proc/self/statm", "r");
+    if (f != nullptr && std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    if (f != nullptr) std::fclose(f);
+    return static_cast<size_t>(resident) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  };
+  auto s = TcpStoreServer::start("127.0.0.1", 0, {.token = "secret", .hello_within = 1500ms});
+  ASSERT_TRUE(s.ok());
+  auto& server = s.value();
+  const size_t rss_before = rss();
+  // Half announce a 1 MiB HELLO and send 256 KiB of it; half announce one as
+  // long as a HELLO may be and send all but its last byte.
+  std::string huge(256 << 10, 'x'), almost(kMaxHello - 1, 'x');
+  const uint32_t huge_len = 1u << 20, almost_len = static_cast<uint32_t>(kMaxHello - 4);
+  std::memcpy(huge.data(), &huge_len, 4);
+  std::memcpy(almost.data(), &almost_len, 4);
+  huge[4] = almost[4] = static_cast<char>(StoreOp::kHello);
+  std::vector<int> fds;
+  size_t most = 0;
+  for (int i = 0; i < 600; ++i) {
+    int fd = raw_socket(server->port());
+    const std::string& what = i % 2 ? huge : almost;
+    (void)::send(fd, what.data(), what.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    fds.push_back(fd);
+    most = std::max(most, server->stranger_bytes());
+  }
+  auto rank = TcpStoreClient::connect("127.0.0.1", server->port(), "secret", Clock::now() + 5s, "0/1");
+  EXPECT_TRUE(rank.ok()) << rank.status().to_string();
+  for (int i = 0; i < 40; ++i) {
+    std::this_thread::sleep_for(50ms);
+    most = std::max(most, server->stranger_bytes());
+  }
+  EXPECT_GT(most, kMaxHello) << "the half-sent HELLOs were never held: the test measures nothing";
+  EXPECT_LE(most, kMaxStrangers * 2 * kMaxHello) << "bytes held for connections that have not said HELLO";
+  EXPECT_LT(rss(), rss_before + (16u << 20)) << "the store's process grew by " << ((rss() - rss_before) >> 20) << " MiB";
+  for (int fd : fds) ::close(fd);
 }

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 #include "bootstrap/tcp_store.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
@@ -20,42 +22,49 @@ bool ends_with(const std::string& s, const std::string& end) {
   return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
 }
 
-// The job's store, except that keys ending in `suffix` read as `value`.
+// The job's store, except that keys ending in `suffix` read as
+// tamper(what was really there).
 class Tampered : public Store {
  public:
-  Tampered(std::shared_ptr<Store> inner, std::string suffix, std::string value)
-      : inner_(std::move(inner)), suffix_(std::move(suffix)), value_(std::move(value)) {}
+  using Tamper = std::function<std::string(const std::string&)>;
+  Tampered(std::shared_ptr<Store> inner, std::string suffix, Tamper tamper)
+      : inner_(std::move(inner)), suffix_(std::move(suffix)), tamper_(std::move(tamper)) {}
   Status set(const std::string& key, const std::string& value) override { return inner_->set(key, value); }
   Result<int64_t> add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
   Result<std::string> get(const std::string& key, Clock::time_point deadline) override {
     auto real = inner_->get(key, deadline);  // no earlier than the real value
-    if (real.ok() && ends_with(key, suffix_)) return value_;
+    if (real.ok() && ends_with(key, suffix_)) return tamper_(real.value());
     return real;
   }
 
  private:
   std::shared_ptr<Store> inner_;
-  std::string suffix_, value_;
+  std::string suffix_;
+  Tamper tamper_;
 };
 
-// Two ranks over one store; rank 1 reads `value` for its group's heap key.
-void expect_heap_value_refused(const std::string& value, const std::string& shown) {
-  auto server = bootstrap::TcpStoreServer::start("127.0.0.1", 0, "");
+// Ranks over one store; rank `victim` reads tamper(value) for keys ending in
+// `suffix`, and must fail naming `named` and showing `shown` (and nothing
+// long); the others fail too (they cannot complete the group without it).
+void expect_refused(const std::string& suffix, const Tampered::Tamper& tamper, const std::string& named,
+                    const std::string& shown, int world = 2, int servers = 1, int victim = 1) {
+  auto server = bootstrap::TcpStoreServer::start("127.0.0.1", 0, {});
   ASSERT_TRUE(server.ok()) << server.status().to_string();
   const int port = server.value()->port();
   fgtest::JobOptions o;
-  o.timeout = std::chrono::milliseconds(2000);
-  auto results = fgtest::run_job(2, [&](const Config& c) -> std::string {
+  o.timeout = std::chrono::milliseconds(3000);
+  o.servers = servers;
+  auto results = fgtest::run_job(world, [&](const Config& c) -> std::string {
     auto client = bootstrap::TcpStoreClient::connect("127.0.0.1", port, "", Clock::now() + std::chrono::seconds(10));
     RANK_OK(client.status());
     std::shared_ptr<Store> store = std::move(client).value();
-    if (c.rank == 1) store = std::make_shared<Tampered>(store, "/heap", value);
+    if (c.rank == victim) store = std::make_shared<Tampered>(store, suffix, tamper);
     auto comm = Communicator::create(c, store);
-    RANK_CHECK(!comm.ok(), "a group was made although rank 1 read {:?} as its heap", value);
-    if (c.rank == 1) {
+    RANK_CHECK(!comm.ok(), "a group was made although rank {} read a tampered '{}'", victim, suffix);
+    if (c.rank == victim) {
       const std::string& m = comm.status().message();
       RANK_CHECK(comm.status().kind() == ErrorKind::kInvalidArgument, "{}", comm.status().to_string());
-      RANK_CHECK(m.find("/heap") != std::string::npos && m.find("store key") != std::string::npos, "{}", m);
+      RANK_CHECK(m.find(named) != std::string::npos, "the message should name {:?}: {}", named, m);
       RANK_CHECK(m.find(shown) != std::string::npos, "the message should show {:?}: {}", shown, m);
       RANK_CHECK(m.size() < 1000, "the message repeats the value in full: {} bytes", m.size());
     }
@@ -64,16 +73,51 @@ void expect_heap_value_refused(const std::string& value, const std::string& show
   fgtest::expect_all_ok(results);
 }
 
-}  // namespace
-
-TEST(UntrustedStore, AHeapSizeThatIsNotANumberFailsTheGroupNamingTheKey) { expect_heap_value_refused("fg-x zzz", "zzz"); }
-
-TEST(UntrustedStore, AHeapSizeBeyondTheLimitIsRefused) {
-  expect_heap_value_refused("fg-x 99999999999999999999", "outside");
+// The real segment name with `size` as the heap's size.
+Tampered::Tamper heap_size(std::string size) {
+  return [size](const std::string& real) { return real.substr(0, real.find(' ')) + " " + size; };
+}
+Tampered::Tamper constant(std::string v) {
+  return [v](const std::string&) { return v; };
 }
 
-TEST(UntrustedStore, AHeapValueWithoutASizeIsRefused) { expect_heap_value_refused("fg-x", "not a whole number"); }
+}  // namespace
+
+TEST(UntrustedStore, AHeapSizeThatIsNotANumberFailsTheGroupNamingTheKey) {
+  expect_refused("/heap", heap_size("zzz"), "/heap", "zzz");
+}
+
+TEST(UntrustedStore, AHeapSizeBeyondTheLimitIsRefused) {
+  expect_refused("/heap", heap_size("99999999999999999999"), "/heap", "outside");
+}
+
+TEST(UntrustedStore, AHeapValueWithoutASizeIsRefused) {
+  expect_refused("/heap", [](const std::string& real) { return real.substr(0, real.find(' ')); }, "/heap",
+                 "not '<segment> <bytes>'");
+}
 
 TEST(UntrustedStore, AHugeValueIsNotRepeatedInTheError) {
-  expect_heap_value_refused("fg-x " + std::string(1 << 20, '7'), "...");
+  expect_refused("/heap", heap_size(std::string(1 << 20, '7')), "/heap", "...");
+}
+
+// A segment name is opened and mapped: one of another job, or a path, would
+// map memory that is not the group's.
+TEST(UntrustedStore, ASegmentNameOfAnotherJobOrAPathIsRefused) {
+  expect_refused("/name", constant("/fg-0123456789abcdef-1-0r00"), "/name", "not a segment name of this job");
+  expect_refused("/name", constant("/../../etc/passwd"), "/name", "/../../etc/passwd");
+  expect_refused("/heap", constant("/fg-0123456789abcdef-1-0r00h 1024"), "/heap", "not a segment name of this job");
+}
+
+// Non-printable bytes are shown escaped, never written to a terminal as they are.
+TEST(UntrustedStore, ControlCharactersAreEscapedInTheError) {
+  expect_refused("/heap", heap_size("\x1b[2J7"), "/heap", "\\x1b[2J7");
+}
+
+TEST(UntrustedStore, AJobIdThatIsAPathIsRefused) {
+  expect_refused("job_id", constant("../../x"), "job_id", "not a job id");
+}
+
+// A spanning group's id (two simulated servers, UCX between them).
+TEST(UntrustedStore, AGroupIdThatIsNotANumberIsRefused) {
+  expect_refused("/id", constant("zzz"), "/id", "zzz", /*world=*/2, /*servers=*/2);
 }

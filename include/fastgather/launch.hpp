@@ -43,6 +43,9 @@ struct LaunchPlan {
 // and default, one a line (all are checked before anything is forked).
 std::string environment_help();
 
+// A fresh random secret for FG_TOKEN / LaunchPlan::token (128 bits, hex).
+std::string new_job_secret();
+
 // Reads TP, DP, SERVER_NUM, SERVER_INDEX, MASTER_IP, PORT, FG_TIMEOUT_MS and
 // FG_TOKEN over `defaults`.
 Result<LaunchPlan> launch_plan_from_env(LaunchPlan defaults = {});
@@ -71,7 +74,7 @@ int run_processes(int count, const std::function<int(int index)>& body, const Pr
 // runs body for that rank only. Otherwise it forks local_ranks()
 // processes under run_processes(), removes any shared memory the job left,
 // and returns 0 only if every rank returned 0. With one server and no
-// FG_TOKEN, the ranks use a token of the spawner's own.
+// FG_TOKEN, the ranks use a secret of the spawner's own (new_job_secret()).
 int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config&)>& body);
 
 }  // namespace fastgather

@@ -1,10 +1,15 @@
 #include "bootstrap/tcp_store.hpp"
 
+#include "bootstrap/store_values.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -14,8 +19,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -154,19 +161,79 @@ std::string encode_store_request(const StoreRequest& req) {
 
 // ---------------------------------------------------------------- server
 
+std::optional<uid_t> peer_uid_on_this_host(int fd) {
+  sockaddr_storage here{}, there{};
+  socklen_t here_len = sizeof(here), there_len = sizeof(there);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&here), &here_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&there), &there_len) != 0 || here.ss_family != there.ss_family ||
+      (here.ss_family != AF_INET && here.ss_family != AF_INET6)) {
+    return std::nullopt;
+  }
+  // The other end's socket, looked up by its own 4-tuple: its source is our
+  // peer, its destination us.
+  struct {
+    nlmsghdr nlh;
+    inet_diag_req_v2 req;
+  } q{};
+  q.nlh.nlmsg_len = sizeof(q);
+  q.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  q.nlh.nlmsg_flags = NLM_F_REQUEST;
+  q.req.sdiag_family = static_cast<uint8_t>(here.ss_family);
+  q.req.sdiag_protocol = IPPROTO_TCP;
+  q.req.idiag_states = ~0u;
+  q.req.id.idiag_cookie[0] = q.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  if (here.ss_family == AF_INET) {
+    const auto& h = reinterpret_cast<const sockaddr_in&>(here);
+    const auto& t = reinterpret_cast<const sockaddr_in&>(there);
+    q.req.id.idiag_sport = t.sin_port;
+    q.req.id.idiag_dport = h.sin_port;
+    std::memcpy(q.req.id.idiag_src, &t.sin_addr, 4);
+    std::memcpy(q.req.id.idiag_dst, &h.sin_addr, 4);
+  } else {
+    const auto& h = reinterpret_cast<const sockaddr_in6&>(here);
+    const auto& t = reinterpret_cast<const sockaddr_in6&>(there);
+    q.req.id.idiag_sport = t.sin6_port;
+    q.req.id.idiag_dport = h.sin6_port;
+    std::memcpy(q.req.id.idiag_src, &t.sin6_addr, 16);
+    std::memcpy(q.req.id.idiag_dst, &h.sin6_addr, 16);
+  }
+  const int nl = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (nl < 0) return std::nullopt;
+  std::optional<uid_t> uid;
+  timeval tv{0, 200000};  // the kernel answers at once; never hang a store on it
+  ::setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(nl, &q, sizeof(q), 0, reinterpret_cast<sockaddr*>(&kernel), sizeof(kernel)) ==
+      static_cast<ssize_t>(sizeof(q))) {
+    alignas(nlmsghdr) char buf[8192];
+    const ssize_t n = ::recv(nl, buf, sizeof(buf), 0);
+    const auto* h = reinterpret_cast<const nlmsghdr*>(buf);
+    // One answer or an error (ENOENT: no such socket here, i.e. the peer is
+    // on another host or in another network namespace).
+    if (n > 0 && NLMSG_OK(h, static_cast<unsigned>(n)) && h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+        h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+      uid = static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid;
+    }
+  }
+  ::close(nl);
+  return uid;
+}
+
 struct TcpStoreServer::State {
   int listen_fd = -1;
   int wake_fd = -1;  // eventfd: stop request
-  std::string token;
-  std::chrono::milliseconds hello_within{10000};
+  StoreAdmission admission;
   struct Client {
     std::string in;
     bool greeted = false;
     Clock::time_point since;
-    int rank = -1;  // the job rank this connection speaks for, if it said one
+    int rank = -1;                // the job rank this connection speaks for, if it said one
+    std::optional<uid_t> uid;     // who opened it, where this host's kernel can say
   };
   int world = -1;               // set by the first rank's HELLO
   std::map<int, int> joined;    // rank -> connection, while connected
+  std::set<int> ever_joined;    // ranks that have said HELLO at any time
   std::map<int, Client> clients;
   std::map<std::string, std::string> kv;
   std::multimap<std::string, std::pair<int, uint32_t>> waiting;  // key -> (fd, request id) blocked in GET
@@ -174,18 +241,16 @@ struct TcpStoreServer::State {
   int greeted_count = 0;
   int ever_greeted = 0;  // ranks that have joined at any time
   std::string abort_reason;  // set once kJobAbortKey is
-  bool any_greeted = false;
   std::atomic<uint64_t> rejected{0};
+  std::atomic<size_t> stranger_bytes{0};
 };
 
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& addr, int port,
-                                                              std::string token,
-                                                              std::chrono::milliseconds hello_within) {
+                                                              StoreAdmission admission) {
   std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
   s->state_ = std::make_unique<State>();
   State& st = *s->state_;
-  st.token = std::move(token);
-  st.hello_within = hello_within;
+  st.admission = std::move(admission);
   auto where = resolve_store_address(addr, port);
   if (!where.ok()) return where.status();
   sockaddr_storage sa = where.value().first;
@@ -220,6 +285,7 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 uint64_t TcpStoreServer::rejected_connections() const { return state_->rejected.load(); }
+size_t TcpStoreServer::stranger_bytes() const { return state_->stranger_bytes.load(); }
 
 void TcpStoreServer::drain(Clock::time_point deadline, int joined) {
   while (Clock::now() < deadline) {
@@ -253,42 +319,95 @@ void TcpStoreServer::loop() {
     return send_all(fd, reply_frame(code, id, payload), Clock::now() + std::chrono::seconds(1));
   };
 
+  const uid_t my_uid = ::geteuid();
+  // Why a first frame does not admit its connection ("" when it does); on
+  // admission, cl.rank and the job's size are what the HELLO said.
+  auto admit = [&](State::Client& cl, const StoreRequest& req) -> std::string {
+    if (req.op != StoreOp::kHello || req.key != st.admission.token) {
+      return "first frame must be HELLO with this job's token";
+    }
+    if (st.world >= 0 && static_cast<int>(st.ever_joined.size()) >= st.world) {
+      return fmt::format("all {} ranks of this job have joined; the store admits nobody else", st.world);
+    }
+    // A connection opened on this host by another user is a stranger
+    // whatever it knows (a token can leak; a uid cannot be claimed).
+    if (st.admission.refuse_other_users && cl.uid && *cl.uid != my_uid) {
+      return fmt::format("the connection was opened by uid {} on this host; this job runs as uid {}", *cl.uid, my_uid);
+    }
+    if (req.value.empty()) return "";  // anonymous: a tool, not a rank
+    // "rank/world": a second job's rank, or a stale one, must not join this job.
+    auto who = parse_rank_identity(req.value, kMaxStoreRanks);
+    if (!who.ok()) return who.status().message();
+    const auto [r, w] = who.value();
+    if (st.world >= 0 && w != st.world) {
+      return fmt::format("this job has {} ranks, the caller says {} (another job on this port?)", st.world, w);
+    }
+    if (st.ever_joined.count(r) != 0) {
+      return fmt::format("rank {} has already joined this job (another job on this port?)", r);
+    }
+    st.world = w;
+    cl.rank = r;
+    return "";
+  };
   std::vector<pollfd> fds;
   std::vector<int> to_drop;
+  const int tick_ms = static_cast<int>(std::clamp<int64_t>(st.admission.hello_within.count() / 2, 1, 500));
   for (;;) {
+    size_t strangers = 0, held = 0;
+    for (auto& [fd, c] : st.clients) {
+      if (!c.greeted) ++strangers, held += c.in.capacity();
+    }
+    st.stranger_bytes.store(held);
     fds.clear();
     fds.push_back({st.wake_fd, POLLIN, 0});
-    fds.push_back({st.listen_fd, POLLIN, 0});
+    // At kMaxStrangers, new connections wait in the listen backlog until a
+    // stranger has said HELLO or run out of time.
+    fds.push_back({st.listen_fd, static_cast<short>(strangers < kMaxStrangers ? POLLIN : 0), 0});
     for (auto& [fd, c] : st.clients) fds.push_back({fd, POLLIN, 0});
-    int n = ::poll(fds.data(), fds.size(), 500);
+    int n = ::poll(fds.data(), fds.size(), tick_ms);
     if (n < 0 && errno != EINTR) return;
     if (fds[0].revents) return;
     if (fds[1].revents & POLLIN) {
-      for (;;) {
+      while (strangers < kMaxStrangers) {
         int c = ::accept4(st.listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (c < 0) break;
         int one = 1;
         ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        st.clients[c] = State::Client{{}, false, Clock::now()};
+        State::Client cl;
+        cl.since = Clock::now();
+        // Asked now, while the connecting socket surely exists.
+        if (st.admission.refuse_other_users) cl.uid = peer_uid_on_this_host(c);
+        st.clients[c] = std::move(cl);
+        ++strangers;
       }
     }
     to_drop.clear();
     for (size_t i = 2; i < fds.size(); ++i) {
       int fd = fds[i].fd;
       auto& cl = st.clients[fd];
-      if (!cl.greeted && Clock::now() - cl.since > st.hello_within) {  // half-open or silent
+      if (!cl.greeted && Clock::now() - cl.since > st.admission.hello_within) {  // half-open or silent
         to_drop.push_back(fd);
         continue;
       }
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char buf[65536];
-      ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
+      // A stranger's bytes are read only as far as a HELLO can reach.
+      const size_t want = cl.greeted ? sizeof(buf) : kMaxHello - std::min(kMaxHello - 1, cl.in.size());
+      ssize_t r = ::recv(fd, buf, want, 0);
       if (r <= 0) {
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         to_drop.push_back(fd);
         continue;
       }
       cl.in.append(buf, static_cast<size_t>(r));
+      if (!cl.greeted && cl.in.size() >= 4) {
+        uint32_t len = 0;
+        std::memcpy(&len, cl.in.data(), 4);
+        if (4 + static_cast<size_t>(len) > kMaxHello) {  // no HELLO is this long
+          to_drop.push_back(fd);
+          continue;
+        }
+      }
       for (;;) {
         StoreRequest req;
         int64_t used = parse_store_request(cl.in, &req);
@@ -299,36 +418,18 @@ void TcpStoreServer::loop() {
         }
         cl.in.erase(0, static_cast<size_t>(used));
         if (!cl.greeted) {
-          if (req.op != StoreOp::kHello || req.key != st.token) {
-            reply(fd, req.id, StoreReply::kError, "rendezvous refused: first frame must be HELLO with this job's token");
+          const std::string why = admit(cl, req);
+          if (!why.empty()) {
+            reply(fd, req.id, StoreReply::kError, "rendezvous refused: " + why);
             to_drop.push_back(fd);
             break;
           }
-          // "rank/world": a second job's rank, or a stale one, must not join this job.
-          if (!req.value.empty()) {
-            int r = -1, w = -1;
-            if (std::sscanf(req.value.c_str(), "%d/%d", &r, &w) != 2 || r < 0 || w < 1 || r >= w) {
-              reply(fd, req.id, StoreReply::kError, "rendezvous refused: malformed rank identity '" + req.value + "'");
-              to_drop.push_back(fd);
-              break;
-            }
-            std::string why;
-            if (st.world >= 0 && w != st.world) {
-              why = fmt::format("rendezvous refused: this job has {} ranks, the caller says {} (another job on this port?)",
-                                st.world, w);
-            } else if (st.joined.count(r) != 0) {
-              why = fmt::format("rendezvous refused: rank {} has already joined this job (another job on this port?)", r);
-            }
-            if (!why.empty()) {
-              reply(fd, req.id, StoreReply::kError, why);
-              to_drop.push_back(fd);
-              break;
-            }
-            st.world = w;
-            st.joined[r] = fd;
-            cl.rank = r;
+          if (cl.rank >= 0) {
+            st.joined[cl.rank] = fd;
+            st.ever_joined.insert(cl.rank);
           }
           cl.greeted = true;
+          cl.in.shrink_to_fit();
           {
             std::lock_guard<std::mutex> g(st.mu);
             ++st.greeted_count;
@@ -492,6 +593,7 @@ Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point dea
     return {kind, fmt::format("rendezvous store {}: {}", peer_, why)};
   };
   req.id = ++next_id_;
+  bool last_look = false;
   if (!send_all(fd_, encode_store_request(req), deadline)) {
     return fail(ErrorKind::kPeerLost, fmt::format("connection to the store host (world rank 0) lost: {}", std::strerror(errno)));
   }
@@ -520,7 +622,12 @@ Result<std::string> TcpStoreClient::call(StoreRequest req, Clock::time_point dea
       return payload;
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
+    // At the deadline, one last look at what has already arrived: a reply
+    // that came while we slept is an answer, not a timeout.
+    if (left <= 0 && !last_look) {
+      last_look = true;
+      left = 0;
+    } else if (left <= 0) {
       return Status{ErrorKind::kTimeout,
                     fmt::format("rendezvous store {}: {}", peer_,
                                 req.op == StoreOp::kGet ? fmt::format("timed out waiting for key '{}'", req.key)

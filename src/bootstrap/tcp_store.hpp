@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <sys/types.h>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -57,12 +58,34 @@ struct StoreRequest {
 int64_t parse_store_request(std::string_view buf, StoreRequest* out);
 std::string encode_store_request(const StoreRequest& req);
 
+// The user owning the socket at the other end of the TCP connection fd, when
+// that socket is on this host (in this network namespace); nullopt when not,
+// or when the kernel's socket table cannot be read.
+std::optional<uid_t> peer_uid_on_this_host(int fd);
+
+// Who may join. A connection must open with a HELLO of at most kMaxHello
+// bytes within hello_within; until then it is a stranger, and strangers are
+// bounded in number (kMaxStrangers; more wait in the kernel's backlog) and
+// in the memory each holds (its HELLO), whatever they send. Once `world`
+// ranks have said who they are, the job is complete and every new HELLO is
+// refused.
+struct StoreAdmission {
+  std::string token;  // every HELLO must carry it ("" admits any token-less caller)
+  // A connection whose socket the kernel finds on this host (in this network
+  // namespace) must belong to this process's user, so that a token that
+  // leaked does not let another local user in. Connections from other hosts
+  // (not in this host's socket table) are admitted by the token alone.
+  bool refuse_other_users = true;
+  std::chrono::milliseconds hello_within{3000};
+};
+constexpr int kMaxStoreRanks = 1 << 20;
+constexpr size_t kMaxHello = 4 + 5 + 2 * (4 + kMaxKey);
+constexpr size_t kMaxStrangers = 128;
+
 class TcpStoreServer {
  public:
   // Listens on addr:port (port 0 picks one; see port()).
-  // A connection that has not said HELLO within hello_within is dropped.
-  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& addr, int port, std::string token,
-                                                       std::chrono::milliseconds hello_within = std::chrono::seconds(10));
+  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& addr, int port, StoreAdmission admission);
   ~TcpStoreServer();
   int port() const { return port_; }
   // Waits until `joined` ranks have said HELLO at some time and every one of
@@ -70,6 +93,9 @@ class TcpStoreServer {
   // during start-up, the ranks still on their way find the store and read why.
   void drain(Clock::time_point deadline, int joined = 0);
   uint64_t rejected_connections() const;
+  // Bytes held for connections that have not said HELLO (what a stranger
+  // can make this process keep).
+  size_t stranger_bytes() const;
 
  private:
   TcpStoreServer() = default;

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "base/env.hpp"
+#include "bootstrap/store_values.hpp"
 #include "bootstrap/tcp_store.hpp"
 #include "core/group_impl.hpp"
 #include "core/tensor_access.hpp"
@@ -31,16 +32,6 @@ namespace fastgather {
 using bootstrap::Clock;
 
 namespace {
-
-// A number another process wrote into the store: untrusted (a stranger who
-// reached the store may have written anything), so parsed strictly, and a
-// bad one fails the group with an error naming the key (and at most a short
-// excerpt of what was there).
-Result<uint64_t> store_number(const std::string& key, const std::string& text, uint64_t max) {
-  constexpr size_t kShown = 40;
-  return base::parse_count(text.size() > kShown ? text.substr(0, kShown) + "..." : text, 0, max,
-                           fmt::format("store key '{}'", key));
-}
 
 // Per member. Big enough that a line is reused only after it has left the
 // peers' L2 caches (see shm_channel.hpp); steps are a quarter of it.
@@ -100,6 +91,10 @@ Status Config::validate() const {
   }
   if (master_port < 1 || master_port > 65535) {
     return {ErrorKind::kInvalidArgument, fmt::format("port {} is not a TCP port every rank can find (1..65535)", master_port)};
+  }
+  if (token.size() > bootstrap::kMaxKey) {
+    return {ErrorKind::kInvalidArgument,
+            fmt::format("the job token (FG_TOKEN) is {} bytes; at most {}", token.size(), bootstrap::kMaxKey)};
   }
   return Status::Ok();
 }
@@ -381,7 +376,17 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config,
     impl->store = std::move(store);
   } else {
     if (config.rank == 0) {
-      auto server = bootstrap::TcpStoreServer::start(config.master_addr, config.master_port, config.token);
+      if (config.token.empty() && config.servers != 1) {
+        // Nothing else tells ranks of this job from anyone who reaches the
+        // port before they all have joined (see docs/reliability.md).
+        std::fprintf(stderr,
+                     "fastgather: warning: FG_TOKEN is not set: until all %d ranks have joined, anyone who reaches "
+                     "%s:%d can join this job or stop it; set FG_TOKEN to the same secret on every server\n",
+                     config.world_size, config.master_addr.c_str(), config.master_port);
+      }
+      bootstrap::StoreAdmission admission;
+      admission.token = config.token;
+      auto server = bootstrap::TcpStoreServer::start(config.master_addr, config.master_port, std::move(admission));
       if (!server.ok()) return server.status();
       impl->server = std::move(server).value();
     }
@@ -448,10 +453,15 @@ Status Communicator::Impl::finish_create() {
   if (config.rank == 0) {
     const char* env_job = std::getenv("FG_JOB_ID");
     job_id = (env_job != nullptr && *env_job != '\0') ? env_job : random_job_id();
+    if (Status s = bootstrap::check_job_id("FG_JOB_ID", job_id); !s.ok()) return s;
     if (Status s = store->set("job_id", job_id); !s.ok()) return s;
   } else {
     auto job = store->get("job_id", deadline);
     if (!job.ok()) return Status{job.status().kind(), fmt::format("rank {}: {}", config.rank, job.status().message())};
+    // Segment names are made of it: a path or another job's id must not get in.
+    if (Status s = bootstrap::check_job_id("store key 'job_id'", job.value()); !s.ok()) {
+      return Status{s.kind(), fmt::format("rank {}: {}", config.rank, s.message())};
+    }
     job_id = job.value();
   }
 
@@ -571,18 +581,51 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   const int local_n = static_cast<int>(local.size());
   const size_t ring = ring_bytes_from_env();
   const size_t bytes = transport::ShmChannel::segment_bytes(local_n, ring);
+  const std::string prefix = transport::ShmSegment::job_prefix(job_id);
+
+  // Every key a member may be waiting on for this rank. A rank that fails
+  // while building the group writes its reason under each instead, so that
+  // the others fail at once with it rather than at their timeout; a reason
+  // it read from another member is not said again.
+  std::vector<std::string> awaited = {local_key + "/name", local_key + "/heap", local_key + "/attached/open"};
+  if (spans) {
+    awaited.push_back(key + "/id");
+    awaited.push_back(fmt::format("{}/ucx/{}", key, me_world));
+  }
+  bool heard = false;  // the failure at hand is another member's, already said
+  auto fail = [&](const Status& s) {
+    Status w = where(s);
+    if (!heard) {
+      const std::string v = bootstrap::failure_value(w);
+      for (const auto& k : awaited) (void)store->set(k, v);
+    }
+    return w;
+  };
+  // What a member wrote under k, or the failure it wrote there instead.
+  auto read = [&](const std::string& k) -> Result<std::string> {
+    auto v = store->get(k, dl);
+    if (!v.ok()) return v.status();
+    if (auto f = bootstrap::failure_in(v.value())) {
+      heard = true;
+      return *f;
+    }
+    return v;
+  };
 
   Result<transport::ShmSegment> seg = Status{ErrorKind::kSystem, "unset"};
   std::shared_ptr<transport::ShmHeap> heap;
+  // The symmetric heap needs address space for every member's region: say
+  // which setting that is where it cannot be had.
+  auto heap_failed = [&](const Status& s, size_t region) {
+    return Status{s.kind(), fmt::format("{} (the symmetric heap: {} members x FG_SYMMETRIC_BYTES={} of shared memory, "
+                                        "reserved as address space; set FG_SYMMETRIC_BYTES smaller, or 0 for no heap)",
+                                        s.message(), local_n, region)};
+  };
   if (local_me == 0) {
-    if (Status s = check_shm_room(bytes, local_n, ring); !s.ok()) {
-      // Members waiting for the segment's name learn why it will not come.
-      (void)store->set(local_key + "/name", "!" + s.message());
-      return where(s);
-    }
-    std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
+    if (Status s = check_shm_room(bytes, local_n, ring); !s.ok()) return fail(s);
+    const std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
     seg = transport::ShmSegment::create(name, bytes);
-    if (!seg.ok()) return where(seg.status());
+    if (!seg.ok()) return fail(seg.status());
     transport::ShmChannel::format(seg.value().data(), local_n, ring, algo::default_pipeline_bytes());
     // The heap's segment is named after the ring's; its region size travels
     // with the name, so that every member lays it out as the creator did.
@@ -591,40 +634,33 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (region != 0) {
       auto hs = transport::ShmSegment::create(name + "h", transport::ShmHeap::segment_bytes(local_n, region),
                                               transport::ShmSegment::Pages::kOnDemand);
-      if (!hs.ok()) {
-        (void)store->set(local_key + "/name", "!" + hs.status().message());
-        return where(hs.status());
-      }
+      if (!hs.ok()) return fail(heap_failed(hs.status(), region));
       heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, region);
       heap_value = fmt::format("{} {}", name + "h", region);
     }
-    if (Status s = store->set(local_key + "/heap", heap_value); !s.ok()) return where(s);
-    if (Status s = store->set(local_key + "/name", name); !s.ok()) return where(s);
+    if (Status s = store->set(local_key + "/heap", heap_value); !s.ok()) return fail(s);
+    if (Status s = store->set(local_key + "/name", name); !s.ok()) return fail(s);
   } else {
-    auto name = store->get(local_key + "/name", dl);
+    auto name = read(local_key + "/name");
     if (!name.ok()) {
-      return where({name.status().kind(), fmt::format("rank {} never created the group's segment ({})", local[0],
-                                                      name.status().message())});
+      if (heard) return fail(name.status());
+      return fail({name.status().kind(),
+                   fmt::format("rank {} never created the group's segment ({} MiB: {} members x FG_RING_BYTES={}): {}",
+                               local[0], (bytes + (1 << 20) - 1) >> 20, local_n, ring, name.status().message())});
     }
-    if (name.value().rfind('!', 0) == 0) {
-      return where({ErrorKind::kResourceExhausted, fmt::format("rank {} could not create the group's segment: {}",
-                                                               local[0], name.value().substr(1))});
-    }
+    if (Status s = bootstrap::check_segment_name(local_key + "/name", name.value(), prefix); !s.ok()) return fail(s);
     seg = transport::ShmSegment::open(name.value(), bytes);
-    if (!seg.ok()) return where(seg.status());
-    auto heap_value = store->get(local_key + "/heap", dl);  // set before the name
-    if (!heap_value.ok()) return where(heap_value.status());
-    if (heap_value.value() != "-") {
-      const std::string& v = heap_value.value();
-      const auto space = v.find(' ');
-      auto region_value = store_number(local_key + "/heap", space == std::string::npos ? v : v.substr(space + 1),
-                                       base::find_env("FG_SYMMETRIC_BYTES")->max);
-      if (!region_value.ok()) return where(region_value.status());
-      const size_t region = region_value.value();
-      auto hs = transport::ShmSegment::open(v.substr(0, space), transport::ShmHeap::segment_bytes(local_n, region),
+    if (!seg.ok()) return fail(seg.status());
+    auto heap_value = read(local_key + "/heap");  // set before the name
+    if (!heap_value.ok()) return fail(heap_value.status());
+    auto parsed = bootstrap::parse_heap_value(local_key + "/heap", heap_value.value(), prefix,
+                                              base::find_env("FG_SYMMETRIC_BYTES")->max);
+    if (!parsed.ok()) return fail(parsed.status());
+    if (const auto& h = parsed.value()) {
+      auto hs = transport::ShmSegment::open(h->name, transport::ShmHeap::segment_bytes(local_n, h->region),
                                             transport::ShmSegment::Pages::kOnDemand);
-      if (!hs.ok()) return where(hs.status());
-      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, region);
+      if (!hs.ok()) return fail(heap_failed(hs.status(), h->region));
+      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, h->region);
     }
   }
 
@@ -639,7 +675,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->policy = policy;
   impl->aborted = &aborted;
   impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, label);
-  if (Status s = impl->channel->check_format(); !s.ok()) return where(s);
+  if (Status s = impl->channel->check_format(); !s.ok()) return fail(s);
   if (heap != nullptr) {
     impl->channel->set_heap(heap.get());
     impl->heap_owner = std::make_shared<HeapOwner>(heap);
@@ -648,17 +684,28 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->channel->publish_pid();
   const bool try_single_copy = algo::single_copy_mode() != algo::SingleCopyMode::kOff && local_n > 1;
   if (try_single_copy) impl->channel->publish_probe();
-  if (Status s = store->barrier(local_key + "/attached", local_n, dl); !s.ok()) return where(s);
+  // Every member has mapped the segment (a barrier whose opening a failed
+  // member answers with its reason).
+  auto arrived = store->add(local_key + "/attached/arrived", 1);
+  if (!arrived.ok()) return fail(arrived.status());
+  if (arrived.value() == local_n) {
+    if (Status s = store->set(local_key + "/attached/open", "1"); !s.ok()) return fail(s);
+  }
+  if (auto open = read(local_key + "/attached/open"); !open.ok()) {
+    if (heard) return fail(open.status());
+    return fail({open.status().kind(), fmt::format("{} of {} members on this server mapped the group's segment ({})",
+                                                   arrived.value(), local_n, open.status().message())});
+  }
   // Every member has mapped the segment: its name is no longer needed, and a
   // crash from here on leaves nothing in /dev/shm.
   impl->channel->unlink_name();
   if (impl->heap != nullptr) impl->heap->unlink_name();
-  if (Status s = impl->channel->watch_members(); !s.ok()) return where(s);
+  if (Status s = impl->channel->watch_members(); !s.ok()) return fail(s);
   if (local_n > 1) {
     // Single copy only if every member can read every other (one verdict for all).
     std::string why;
     auto agreed = impl->channel->agree_on_single_copy(try_single_copy, dl, &why);
-    if (!agreed.ok()) return where(agreed.status());
+    if (!agreed.ok()) return fail(agreed.status());
     if (!agreed.value() && try_single_copy) say_single_copy_refused(why);
   }
 
@@ -668,30 +715,30 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     std::string id;
     if (me == 0) {
       auto next = store->add("net_group_ids", 1);
-      if (!next.ok()) return where(next.status());
+      if (!next.ok()) return fail(next.status());
       id = std::to_string(next.value() & 0xffff);
-      if (Status s = store->set(key + "/id", id); !s.ok()) return where(s);
+      if (Status s = store->set(key + "/id", id); !s.ok()) return fail(s);
     } else {
-      auto got = store->get(key + "/id", dl);
-      if (!got.ok()) return where(got.status());
+      auto got = read(key + "/id");
+      if (!got.ok()) return fail(got.status());
       id = got.value();
     }
-    auto net_id = store_number(key + "/id", id, 0xffff);
-    if (!net_id.ok()) return where(net_id.status());
+    auto net_id = bootstrap::parse_number(fmt::format("store key '{}/id'", key), id, 0xffff);
+    if (!net_id.ok()) return fail(net_id.status());
     // The group's own worker: its address goes through the store.
     auto worker = transport::UcxWorker::create(*ucx);
-    if (!worker.ok()) return where(worker.status());
-    if (Status s = store->set(fmt::format("{}/ucx/{}", key, me_world), worker.value()->address()); !s.ok()) return where(s);
+    if (!worker.ok()) return fail(worker.status());
+    if (Status s = store->set(fmt::format("{}/ucx/{}", key, me_world), worker.value()->address()); !s.ok()) return fail(s);
     std::vector<std::string> addresses(ranks.size());
     for (int m = 0; m < n; ++m) {
       if (server_of_member[m] == config.server_index) continue;
-      auto addr = store->get(fmt::format("{}/ucx/{}", key, ranks[m]), dl);
-      if (!addr.ok()) return where(addr.status());
+      auto addr = read(fmt::format("{}/ucx/{}", key, ranks[m]));
+      if (!addr.ok()) return fail(addr.status());
       addresses[m] = std::move(addr).value();
     }
     auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(net_id.value()), ranks, me,
                                               addresses, label);
-    if (!net.ok()) return where(net.status());
+    if (!net.ok()) return fail(net.status());
     impl->net = std::move(net).value();
     Store* st = store.get();
     std::mutex* mu = &store_mu;
@@ -722,7 +769,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (Status s = engine::Driver::run(algo::gather_across(*impl->channel, *impl->net, impl->topo, hello, nothing),
                                        impl->drive_options());
         !s.ok()) {
-      return where(s);
+      return fail(s);
     }
   }
 

@@ -5,6 +5,7 @@
 // shared memory), beside core (it never builds a communicator itself).
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -34,8 +36,10 @@ Status read_int(const char* name, int* out) {
   return Status::Ok();
 }
 
-// Rank and size given by a launcher (mpirun, srun), if any.
-bool launcher_rank(int* rank, int* size) {
+// Rank and size given by a launcher (mpirun, srun) or our spawner, if any;
+// read strictly (a launcher's variable with garbage in it is an error that
+// names it, not rank 0 of 0).
+Result<std::optional<std::pair<int, int>>> launcher_rank() {
   const std::pair<const char*, const char*> kVars[] = {
       {"FG_RANK", "FG_WORLD_SIZE"},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
@@ -45,13 +49,14 @@ bool launcher_rank(int* rank, int* size) {
   for (auto [r, s] : kVars) {
     const char* rv = std::getenv(r);
     const char* sv = std::getenv(s);
-    if (rv != nullptr && sv != nullptr) {
-      *rank = std::atoi(rv);
-      *size = std::atoi(sv);
-      return true;
-    }
+    if (rv == nullptr || sv == nullptr) continue;
+    auto size = base::parse_count(sv, 1, kMaxWorldSize, fmt::format("environment variable {}", s));
+    if (!size.ok()) return size.status();
+    auto rank = base::parse_count(rv, 0, size.value() - 1, fmt::format("environment variable {}", r));
+    if (!rank.ok()) return rank.status();
+    return std::optional<std::pair<int, int>>{{static_cast<int>(rank.value()), static_cast<int>(size.value())}};
   }
-  return false;
+  return std::optional<std::pair<int, int>>{};
 }
 
 // CPUs this process may run on (0 if unknown).
@@ -287,13 +292,36 @@ int run_processes(int count, const std::function<int(int index)>& body, const Pr
 
 std::string environment_help() { return base::describe_environment(); }
 
+std::string new_job_secret() {
+  // 128 bits from the kernel's generator.
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      std::fprintf(stderr, "fastgather: getrandom: %s\n", std::strerror(errno));
+      std::abort();  // no secret is better than a guessable one
+    }
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
 int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config&)>& body) {
   if (Status s = plan.validate(); !s.ok()) {
     std::fprintf(stderr, "fastgather: %s\n", s.to_string().c_str());
     return 2;
   }
-  int rank = -1, size = -1;
-  if (launcher_rank(&rank, &size)) {
+  auto launched = launcher_rank();
+  if (!launched.ok()) {
+    std::fprintf(stderr, "fastgather: %s\n", launched.status().to_string().c_str());
+    return 2;
+  }
+  if (launched.value()) {
+    const auto [rank, size] = *launched.value();
     LaunchPlan p = plan;
     if (size != p.world_size() || rank < 0 || rank >= size) {
       std::fprintf(stderr, "fastgather: the launcher started rank %d of %d but TP*DP = %d\n", rank, size, p.world_size());
@@ -308,9 +336,11 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   std::random_device rd;
   const std::string job = fmt::format("{:08x}{:08x}", rd(), rd());
   LaunchPlan p = plan;
-  // All ranks are ours: a token of our own keeps ranks of another job that
-  // finds the same port from joining this one.
-  if (p.servers == 1 && p.token.empty()) p.token = "spawner-" + job;
+  // All ranks are ours: a secret of our own, handed to them in memory (fork)
+  // and never written anywhere another user can read, keeps everyone else
+  // out of the store: another job that finds the same port, and a local
+  // user who can list the job's segments in /dev/shm.
+  if (p.servers == 1 && p.token.empty()) p.token = new_job_secret();
   const int local = p.local_ranks();
   const int first = p.first_local_rank();
   const int cpus = allowed_cpus();

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -47,8 +48,14 @@ Status ShmSegment::commit(size_t offset, size_t len) {
           fmt::format("cannot reserve {} bytes of shared memory (segment {}): {}", len, name_, std::strerror(rc))};
 }
 
+std::string ShmSegment::job_prefix(const std::string& job_id) { return fmt::format("/{}{}-", kPrefix, job_id); }
+
 std::string ShmSegment::segment_name(const std::string& job_id, int creator_pid, int serial) {
-  return fmt::format("/{}{}-{}-{}", kPrefix, job_id, creator_pid, serial);
+  // The random part: anyone can list /dev/shm and read a job's id and its
+  // ranks' pids there, and a name they can predict is one they can create
+  // first (O_EXCL then refuses ours).
+  std::random_device rd;
+  return fmt::format("{}{}-{}r{:08x}{:08x}", job_prefix(job_id), creator_pid, serial, rd(), rd());
 }
 
 Result<ShmSegment> ShmSegment::create(const std::string& name, size_t bytes, Pages pages) {
@@ -158,7 +165,7 @@ int sweep(Pred&& should_remove) {
 
 int ShmSegment::sweep_stale() {
   return sweep([](const std::string& n) {
-    // fg-<job>-<pid>-<serial>
+    // fg-<job>-<pid>-<serial>r<random>[h]
     auto last = n.rfind('-');
     if (last == std::string::npos || last == 0) return false;
     auto prev = n.rfind('-', last - 1);

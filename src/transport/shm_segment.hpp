@@ -17,7 +17,7 @@ class ShmSegment {
   // that commit() can reserve a range first (a symmetric heap: large,
   // sparse, used where allocated).
   enum class Pages { kPopulated, kOnDemand };
-  // name: "/fg-<job>-<pid>-<n>", see segment_name().
+  // name: see segment_name().
   static Result<ShmSegment> create(const std::string& name, size_t bytes, Pages pages = Pages::kPopulated);
   static Result<ShmSegment> open(const std::string& name, size_t bytes, Pages pages = Pages::kPopulated);
 
@@ -41,7 +41,10 @@ class ShmSegment {
   // full /dev/shm is an error here rather than SIGBUS at the first touch.
   Status commit(size_t offset, size_t len);
 
+  // "/fg-<job>-<pid>-<serial>r<random>": a fresh, unpredictable name each call.
   static std::string segment_name(const std::string& job_id, int creator_pid, int serial);
+  // What every segment name of the job starts with ("/fg-<job>-").
+  static std::string job_prefix(const std::string& job_id);
   // Unlinks /dev/shm/fg-* segments whose creator process no longer exists.
   // Returns how many were removed.
   static int sweep_stale();

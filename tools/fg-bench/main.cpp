@@ -108,9 +108,12 @@ int simulate_servers(const LaunchPlan& plan, const std::function<int(const Confi
   po.death_signal = SIGTERM;
   po.grace = plan.timeout + std::chrono::seconds(2);
   po.kill_after = std::chrono::seconds(5);
+  // Every server is ours too: a secret of our own, as a one-server spawner makes.
+  const std::string token = plan.token.empty() ? new_job_secret() : plan.token;
   return run_processes(plan.servers, [&](int s) {
     LaunchPlan p = plan;
     p.server_index = s;
+    p.token = token;
     return run_local_ranks(p, body);
   }, po);
 }
