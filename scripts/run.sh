@@ -73,17 +73,22 @@ sanitizers() {
   TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/test_tcp_store
 }
 
-# libFuzzer on the store's frame parser, from the checked-in seeds, 20 s.
+# libFuzzer on the store's frame parser and on the parsers of the values
+# ranks read from the store, each from its checked-in seeds, 20 s.
 fuzz() {
-  echo "== libFuzzer: store frame parser"
   cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFG_FUZZ=ON \
     -DFG_BUILD_TESTS=OFF -DFG_WITH_MPI=OFF >/dev/null
-  cmake --build build-fuzz -j"$(nproc)" --target fuzz_store_frame
-  local corpus
-  corpus=$(mktemp -d)
-  cp tests/fuzz/corpus/* "$corpus"/
-  ./build-fuzz/fuzz_store_frame -max_total_time=20 -max_len=4096 "$corpus" 2>&1 | tail -3
-  rm -rf "$corpus"
+  cmake --build build-fuzz -j"$(nproc)" --target fuzz_store_frame fuzz_store_values
+  local target seeds corpus
+  for target in fuzz_store_frame:corpus fuzz_store_values:corpus-values; do
+    seeds=${target#*:}
+    target=${target%%:*}
+    echo "== libFuzzer: $target"
+    corpus=$(mktemp -d)
+    cp "tests/fuzz/$seeds"/* "$corpus"/
+    ./build-fuzz/"$target" -max_total_time=20 -max_len=4096 "$corpus" 2>&1 | tail -3
+    rm -rf "$corpus"
+  done
 }
 
 # Each test that guards a mechanism must fail when that mechanism is broken:

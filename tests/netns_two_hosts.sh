@@ -31,7 +31,8 @@ fails=0
 # run NAME TP DP "ARGS OF SERVER 0" "ARGS OF SERVER 1": both servers at once
 run() {
   local name=$1 tp=$2 dp=$3 port=$((29700 + RANDOM % 200))
-  local common=(env FG_NO_MPIRUN=1 SERVER_NUM=2 MASTER_IP="$IP_A" PORT=$port FG_TIMEOUT_MS=10000 TP=$tp DP=$dp)
+  local common=(env FG_NO_MPIRUN=1 SERVER_NUM=2 MASTER_IP="$IP_A" PORT=$port FG_TIMEOUT_MS=10000 TP=$tp DP=$dp
+                FG_TOKEN="$TOKEN")
   # shellcheck disable=SC2086
   (ip netns exec "$A" "${common[@]}" SERVER_INDEX=0 timeout 300 "$BENCH" $4 >"$TMP/$name.0.out" 2>&1
    echo $? >"$TMP/$name.0.rc") &
@@ -52,18 +53,23 @@ check() {  # check NAME CONDITION WHAT
 }
 
 ARGS="-c --m 8,32 --hidden 3072 --time-ms 20 --no-compare --no-limits"
+# The job's secret, set on both servers as the README's recipe does.
+TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 # 3 members of the group on each host: hierarchical from 96 KB per rank.
 run relay 1 6 "$ARGS" "$ARGS"
 check relay '[ "$(rc relay 0)" = 0 ] && [ "$(rc relay 1)" = 0 ]' "TP=1 DP=6 across two hosts: both servers exit 0"
 check relay '[ "$(grep -c "| ok |" "$TMP/relay.0.out")" = 6 ] && ! grep -q "failed" "$TMP/relay.0.out"' \
   "every row checked ok (both forms, the fused op)"
 check relay '! grep -q "UCX_NET_DEVICES=lo" "$TMP/relay.0.out"' "two hosts are not taken for one (no loopback device)"
+check relay '! grep -q "FG_TOKEN is not set" "$TMP/relay.0.out"' "with FG_TOKEN set, no warning"
 # 2 groups of 2, each spanning the hosts (direct).
 run groups 2 2 "$ARGS" "$ARGS"
 check groups '[ "$(rc groups 0)" = 0 ] && [ "$(rc groups 1)" = 0 ] && [ "$(grep -c "| ok |" "$TMP/groups.0.out")" = 6 ]' \
   "TP=2 DP=2 across two hosts, every row ok"
 # The second host disagrees on the size: both sides fail, and say so in their exit status.
+TOKEN=  # and without a secret: rank 0 warns that anyone who reaches the port may join
 run mismatch 1 4 "$ARGS" "${ARGS/--hidden 3072/--hidden 1024}"
+check mismatch 'grep -q "FG_TOKEN is not set" "$TMP/mismatch.0.out"' "without FG_TOKEN, rank 0 warns"
 check mismatch '[ "$(rc mismatch 0)" != 0 ] && [ "$(rc mismatch 1)" != 0 ]' "a mismatch makes both servers exit non-zero"
 check mismatch 'grep -q "Mismatch" "$TMP/mismatch.0.out" "$TMP/mismatch.1.out"' "and the mismatch is named"
 # From PyTorch: one rank per host, the world gloo, a fastgather group across the hosts (UCX).

@@ -242,6 +242,7 @@ TEST_P(MemberCannotMap, TheOthersFailAtOnceWithItsReason) {
                  "the reason is not rank {}'s: {}", failing, m);
       RANK_CHECK(took < 5000, "learnt it after {:.0f} ms (the timeout is 20 s)", took);
       std::printf("rank %d learnt rank %d's failure after %.0f ms: %s\n", c.rank, failing, took, m.c_str());
+      std::fflush(stdout);
     }
     return "";
   }, o);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -337,4 +338,51 @@ TEST(TcpStore, HalfSentHellosCostLittleMemory) {
   EXPECT_LE(most, kMaxStrangers * 2 * kMaxHello) << "bytes held for connections that have not said HELLO";
   EXPECT_LT(rss(), rss_before + (16u << 20)) << "the store's process grew by " << ((rss() - rss_before) >> 20) << " MiB";
   for (int fd : fds) ::close(fd);
+}
+
+// A reply that is in the socket when the deadline comes is an answer, not a
+// timeout (before: the client tested its deadline before reading, and
+// reported a key that was there as missing). A hand-made store that has
+// already sent the answer to the next request; the call's deadline has
+// passed when it starts.
+TEST(TcpStore, AReplyThatArrivedByTheDeadlineIsAnAnswer) {
+  int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(l, 1), 0);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(::getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  auto reply = [](uint32_t id, const std::string& payload) {
+    std::string f(13, '\0');
+    const uint32_t n = static_cast<uint32_t>(5 + payload.size());
+    std::memcpy(f.data(), &n, 4);
+    f[4] = static_cast<char>(StoreReply::kOk);
+    std::memcpy(f.data() + 5, &id, 4);
+    return f.substr(0, 9) + payload;
+  };
+  std::atomic<bool> connected{false};
+  std::thread store([&] {
+    int c = ::accept(l, nullptr, nullptr);
+    // HELLO is request 1; the GET below, request 2, is answered before it is asked.
+    const std::string hello = reply(1, ""), answer = reply(2, "there");
+    (void)::send(c, hello.data(), hello.size(), MSG_NOSIGNAL);
+    while (!connected.load()) std::this_thread::sleep_for(1ms);
+    (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+    char buf[4096];
+    while (::recv(c, buf, sizeof(buf), 0) > 0) {
+    }
+    ::close(c);
+  });
+  auto client = TcpStoreClient::connect("127.0.0.1", ntohs(sa.sin_port), "", Clock::now() + 2s);
+  connected = true;
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  std::this_thread::sleep_for(50ms);  // the answer is in our socket now
+  auto v = client.value()->get("k", Clock::now() - 1ms);
+  EXPECT_TRUE(v.ok()) << v.status().to_string();
+  if (v.ok()) EXPECT_EQ(v.value(), "there");
+  client.value().reset();
+  store.join();
+  ::close(l);
 }

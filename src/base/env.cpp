@@ -24,7 +24,7 @@ constexpr EnvVar kTable[] = {
     {"MASTER_IP", K::kText, 0, 0, "", "127.0.0.1", "host of the rendezvous store (rank 0): an address or a host name"},
     {"PORT", K::kCount, 1, 65535, "", "29500", "TCP port of the rendezvous store"},
     {"FG_TIMEOUT_MS", K::kCount, 0, 86'400'000, "", "5000", "a peer that does not arrive in this time fails the call (0: never)"},
-    {"FG_TOKEN", K::kText, 0, 0, "", "empty (one server: a token of the spawner's own)", "job token every rank must present to the store"},
+    {"FG_TOKEN", K::kText, 0, 0, "", "empty (one server: a secret of the spawner's own)", "job secret every rank must present to the store"},
     {"FG_RING_BYTES", K::kCount, 16384, uint64_t{1} << 30, "", "4194304 (4 MiB)", "shared-memory ring per member"},
     {"FG_PIPELINE_BYTES", K::kCount, 64, uint64_t{1} << 30, "", "a quarter of the L2 cache, at most FG_RING_BYTES/4",
      "the ring protocol streams a block in steps of this many bytes (the group's creator decides)"},
