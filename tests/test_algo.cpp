@@ -11,6 +11,7 @@
 #include "algo/copy_in.hpp"
 
 using namespace fastgather::algo;
+using fastgather::Settings;
 
 TEST(ProtocolTable, InlineUpTo32BytesThenCopyInOut) {
   EXPECT_EQ(choose_protocol(0).protocol, Protocol::kInline);
@@ -60,11 +61,11 @@ TEST(CopyInChooser, AnOutlierDoesNotFlipTheChoiceAndSmallSizesStayCached) {
   EXPECT_EQ(drive(small, 4096, 100, 100, 50000, 1000)[0], 100);  // below the learned sizes
 }
 
-TEST(CopyInChooser, TheEnvironmentCanForceAWay) {
-  ::setenv("FG_COPY_IN", "streaming", 1);
-  CopyInChooser c;
+TEST(CopyInChooser, TheSettingsCanForceAWay) {
+  CopyInChooser c(Settings::CopyIn::kStreaming);
   EXPECT_EQ(drive(c, 1 << 20, 100, 100, 1000, 9000)[1], 100);
-  ::unsetenv("FG_COPY_IN");
+  CopyInChooser cached(Settings::CopyIn::kCached);
+  EXPECT_EQ(drive(cached, 1 << 20, 100, 100, 9000, 1000)[0], 100);
 }
 
 TEST(CopyIntoRing, BothWaysCopyEveryByte) {
@@ -127,20 +128,23 @@ TEST(Topology, ServersAreRunsOfConsecutiveMembers) {
 TEST(ScheduleChoice, DirectWhenSmallOrOnePerServerHierarchicalWhenLarge) {
   Topology two_per_server = Topology::of({0, 0, 1, 1}, 0);
   Topology one_per_server = Topology::of({0, 1}, 0);
-  const size_t big = hierarchical_min_bytes();
-  EXPECT_EQ(choose_schedule(two_per_server, big - 1, Schedule::kOneShot), Schedule::kDirect);
-  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kOneShot), Schedule::kHierarchical);
-  EXPECT_EQ(choose_schedule(one_per_server, big, Schedule::kOneShot), Schedule::kDirect);
+  const size_t big = Settings{}.hier_min_bytes;
+  EXPECT_EQ(choose_schedule(two_per_server, big - 1, Schedule::kOneShot, big), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kOneShot, big), Schedule::kHierarchical);
+  EXPECT_EQ(choose_schedule(one_per_server, big, Schedule::kOneShot, big), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, 1000, Schedule::kOneShot, 1000), Schedule::kHierarchical);
   // Forced schedules are kept, except that nothing (0 bytes) is never relayed.
-  EXPECT_EQ(choose_schedule(two_per_server, 8, Schedule::kHierarchical), Schedule::kHierarchical);
-  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kDirect), Schedule::kDirect);
-  EXPECT_EQ(choose_schedule(two_per_server, 0, Schedule::kHierarchical), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, 8, Schedule::kHierarchical, big), Schedule::kHierarchical);
+  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kDirect, big), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, 0, Schedule::kHierarchical, big), Schedule::kDirect);
 }
 
 TEST(NetPieces, WholeRowsAndAtMost65536Pieces) {
-  EXPECT_EQ(net_piece_bytes(100, 1), size_t{1} << 20);
-  EXPECT_EQ(net_piece_bytes(size_t{8} << 20, 3000) % 3000, 0u);        // whole rows
-  EXPECT_EQ(net_piece_bytes(100, size_t{3} << 20), size_t{3} << 20);     // a row larger than a piece
-  const size_t huge = size_t{1} << 37;                                   // 128 GiB: pieces grow
-  EXPECT_LE((huge + net_piece_bytes(huge, 1) - 1) / net_piece_bytes(huge, 1), size_t{1} << 16);
+  const size_t mib = size_t{1} << 20;
+  EXPECT_EQ(net_piece_bytes(100, 1, mib), mib);
+  EXPECT_EQ(net_piece_bytes(100, 1, 100), 4096u);                           // at least 4 KiB
+  EXPECT_EQ(net_piece_bytes(size_t{8} << 20, 3000, mib) % 3000, 0u);        // whole rows
+  EXPECT_EQ(net_piece_bytes(100, size_t{3} << 20, mib), size_t{3} << 20);   // a row larger than a piece
+  const size_t huge = size_t{1} << 37;                                       // 128 GiB: pieces grow
+  EXPECT_LE((huge + net_piece_bytes(huge, 1, mib) - 1) / net_piece_bytes(huge, 1, mib), size_t{1} << 16);
 }

@@ -4,9 +4,11 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "fastgather/settings.hpp"
 #include "fastgather/status.hpp"
 #include "fastgather/store.hpp"
 #include "fastgather/tensor.hpp"
@@ -24,6 +26,8 @@ struct Config {
   // A peer whose process has died is detected within ~10 ms regardless.
   std::chrono::milliseconds timeout{5000};
   std::string token;  // FG_TOKEN: every rank must present the same one to the store
+  // The library's tunables; unset: Settings::from_environment() at create.
+  std::optional<Settings> settings;
 
   // World ranks sit on servers in consecutive blocks; when the world does not
   // divide evenly, the first world_size % servers servers hold one more.

@@ -8,19 +8,12 @@
 #include <fmt/format.h>
 
 #include "base/caches.hpp"
-#include "base/env.hpp"
 #include "base/huge_pages.hpp"
 #include "engine/waits.hpp"
 #include "fastgather/tensor.hpp"
 
 namespace fastgather::algo {
 namespace {
-
-// Measured here (docs/benchmarks.md, "Single copy"): single copy pays for
-// memory on huge pages, which Tensor offers from 1 MiB; with it, 1.5 MB took
-// 62-73 us by single copy against 94-102 us by the ring with 2 ranks, and
-// 0.47-0.58 ms against 1.07-1.6 ms with 4 ranks on 2 cores.
-constexpr size_t kSingleCopyMinBytes = 1 << 20;
 
 // From this size a block in its owner's symmetric heap is read there, in
 // place, for one more round at the end ("done reading") instead of a copy
@@ -97,12 +90,9 @@ size_t max_piece(const transport::ShmChannel& channel, size_t align) {
   return channel.max_step_bytes() / align * align;
 }
 
-size_t default_pipeline_bytes() {
-  static const size_t v = [] {
-    const size_t l2 = base::cache_bytes(2);
-    return base::env_count_or("FG_PIPELINE_BYTES", l2 != 0 ? l2 / 4 : size_t{256} << 10);  // checked by check_environment()
-  }();
-  return v;
+const Settings& default_settings() {
+  static const Settings defaults;
+  return defaults;
 }
 
 size_t pipeline_piece(const transport::ShmChannel& channel, size_t align) {
@@ -198,7 +188,7 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
   const std::optional<uint64_t> at_heap = ch.heap() != nullptr ? ch.heap()->own_offset(call.input, call.bytes) : std::nullopt;
   offer.addr = at_heap ? *at_heap : reinterpret_cast<uint64_t>(call.input);
   offer.in_heap = at_heap ? 1 : 0;
-  offer.readable = at_heap || single_copy_mode() == SingleCopyMode::kAlways || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
+  offer.readable = at_heap || call.settings->single_copy == Settings::SingleCopy::kAlways || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
   bool all_readable = offer.readable != 0;
   auto own = [&] { sink(me, 0, call.input, call.bytes); };
   auto note_offer = [&](int, const std::byte* src) {
@@ -242,23 +232,9 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
 
 }  // namespace
 
-SingleCopyMode single_copy_mode() {
-  static const SingleCopyMode v = [] {
-    auto w = base::env_word("FG_SINGLE_COPY");  // checked by base::check_environment()
-    if (!w.ok() || !w.value()) return SingleCopyMode::kAuto;
-    return *w.value() == "off" ? SingleCopyMode::kOff : *w.value() == "always" ? SingleCopyMode::kAlways : SingleCopyMode::kAuto;
-  }();
-  return v;
-}
-
-size_t single_copy_min_bytes() {
-  static const size_t v = base::env_count_or("FG_SINGLE_COPY_MIN_BYTES", kSingleCopyMinBytes);
-  return v;
-}
-
 bool single_copy_suits(const transport::ShmChannel& ch, const GatherCall& call) {
   return ch.single_copy() && ch.members() > 1 && call.schedule == Schedule::kOneShot && call.root < 0 &&
-         call.bytes >= single_copy_min_bytes();
+         call.bytes >= call.settings->single_copy_min_bytes;
 }
 
 bool uses_single_copy(const transport::ShmChannel& ch, const GatherCall& call) {

@@ -11,6 +11,7 @@
 
 #include "algo/copy_in.hpp"
 #include "algo/function_ref.hpp"
+#include "fastgather/settings.hpp"
 #include "engine/task.hpp"
 #include "fastgather/status.hpp"
 #include "transport/shm_channel.hpp"
@@ -57,6 +58,10 @@ struct ProtocolRule {
 std::span<const ProtocolRule> protocol_table();
 const ProtocolRule& choose_protocol(size_t bytes_per_member);
 
+// What a call follows when it is handed no group's settings (tests that
+// build a call by hand): the defaults.
+const Settings& default_settings();
+
 struct GatherCall {
   OpCode op = OpCode::kAllGather;
   uint32_t dtype = 0;
@@ -81,6 +86,8 @@ struct GatherCall {
   // steps in step with it and the sink sees the root's bytes alone); -1:
   // every member's. One server, one-shot, no single copy.
   int root = -1;
+  // The group's settings (Communicator's, from Config or the environment).
+  const Settings* settings = &default_settings();
 };
 
 // sink(member, offset, src, len): bytes [offset, offset+len) of member's input
@@ -97,13 +104,9 @@ engine::Task<Status> gather(transport::ShmChannel& channel, GatherCall call, Pie
 transport::PostHeader header_of(const GatherCall& call);
 std::string describe(const GatherCall& call, const transport::PostHeader& h);
 
-// Single copy: from this many bytes per member (FG_SINGLE_COPY_MIN_BYTES), on a
-// channel whose members can read each other, for the one-shot schedule of an
-// op that keeps the gathered blocks (call.landing set).
-size_t single_copy_min_bytes();
-// FG_SINGLE_COPY: off (never: not even probed), auto (huge-page memory), always.
-enum class SingleCopyMode { kOff, kAuto, kAlways };
-SingleCopyMode single_copy_mode();
+// Single copy: from settings->single_copy_min_bytes per member, on a channel
+// whose members can read each other, for the one-shot schedule of an op that
+// keeps the gathered blocks (call.landing set).
 bool uses_single_copy(const transport::ShmChannel& channel, const GatherCall& call);
 // The same, call.landing aside: whether an op should give one to get it.
 bool single_copy_suits(const transport::ShmChannel& channel, const GatherCall& call);
@@ -114,9 +117,5 @@ size_t max_piece(const transport::ShmChannel& channel, size_t align);
 // The step in which the ring protocol streams a block (the channel's
 // pipeline_bytes(), in whole rows; max_piece() where a row exceeds it).
 size_t pipeline_piece(const transport::ShmChannel& channel, size_t align);
-// What a group's creator asks the channel for (FG_PIPELINE_BYTES): a quarter
-// of the L2 cache, so that a step's bytes are still in the writer's cache
-// when peers read them, beside what the reader writes meanwhile.
-size_t default_pipeline_bytes();
 
 }  // namespace fastgather::algo

@@ -1,6 +1,5 @@
 #include "algo/allgather_net.hpp"
 
-#include "base/env.hpp"
 #include "engine/waits.hpp"
 
 #include <algorithm>
@@ -18,8 +17,6 @@ using transport::NetChannel;
 using transport::NetIov;
 using transport::PostHeader;
 using transport::ShmChannel;
-
-size_t env_bytes(const char* name, size_t fallback) { return base::env_count_or(name, fallback); }
 
 double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
 
@@ -43,7 +40,7 @@ class Across {
  public:
   Across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, PieceSink sink)
       : local_(local), net_(net), topo_(topo), call_(call), sink_(sink),
-        pieces_{call.bytes, net_piece_bytes(call.bytes, call.align)}, mine_(header_of(call)) {}
+        pieces_{call.bytes, net_piece_bytes(call.bytes, call.align, call.settings->net_piece_bytes)}, mine_(header_of(call)) {}
 
   // The engine keeps the network moving while this member waits for local
   // peers (the local gather, the relay) whenever anything is in flight.
@@ -322,25 +319,20 @@ Topology Topology::of(const std::vector<int>& server_of_member, int me) {
   return t;
 }
 
-size_t hierarchical_min_bytes() {
-  // Measured on TCP loopback, 2 servers x 2 ranks (docs/multinode.md): with
-  // the leader forwarding pieces while the local gather runs, hierarchical
-  // was as fast or faster from 96 KB per rank on, even at 12 KB. Direct keeps
-  // the small messages, where a real network's extra hop would show.
-  static const size_t v = env_bytes("FG_HIER_MIN_BYTES", size_t{64} << 10);
-  return v;
-}
-
-Schedule choose_schedule(const Topology& topo, size_t bytes, Schedule requested) {
+// The crossover's default (Settings::hier_min_bytes): measured on TCP
+// loopback (docs/multinode.md), hierarchical - the leader forwarding pieces
+// while the local gather runs - was as fast or faster from well below it;
+// direct keeps the small messages, where a real network's extra hop would show.
+Schedule choose_schedule(const Topology& topo, size_t bytes, Schedule requested, size_t hier_min_bytes) {
   // Nothing to relay: only direct lets every member see every other member's header.
   if (bytes == 0) return Schedule::kDirect;
   if (requested == Schedule::kDirect || requested == Schedule::kHierarchical) return requested;
   if (topo.one_per_server()) return Schedule::kDirect;  // nothing to relay: the same messages
-  return bytes >= hierarchical_min_bytes() ? Schedule::kHierarchical : Schedule::kDirect;
+  return bytes >= hier_min_bytes ? Schedule::kHierarchical : Schedule::kDirect;
 }
 
-size_t net_piece_bytes(size_t bytes, size_t align) {
-  static const size_t configured = std::max<size_t>(env_bytes("FG_NET_PIECE_BYTES", size_t{1} << 20), 4096);
+size_t net_piece_bytes(size_t bytes, size_t align, size_t configured) {
+  configured = std::max<size_t>(configured, 4096);
   align = std::max<size_t>(align, 1);
   size_t piece = std::max(align, configured / align * align);
   // The tag has 16 bits for the piece: large blocks get larger pieces.
@@ -361,7 +353,7 @@ engine::Task<Status> gather_across(ShmChannel& local, NetChannel& net, const Top
     co_return Status{ErrorKind::kUnsupported, fmt::format("{}: this op keeps no copy of the gathered blocks", net.label())};
   }
   GatherCall c = call;
-  c.schedule = choose_schedule(topo, call.bytes, call.schedule);
+  c.schedule = choose_schedule(topo, call.bytes, call.schedule, call.settings->hier_min_bytes);
   const auto t0 = Clock::now();
   Across run(local, net, topo, c, sink);
   Status s = co_await run.run(c.schedule);

@@ -32,12 +32,13 @@ struct Topology {
 // Size-based choice across servers (kOneShot = let it choose): direct while a
 // message is small, hierarchical once it is large enough that sending each
 // block to every member of a server costs more than the relay within it.
-// FG_HIER_MIN_BYTES overrides the crossover.
-Schedule choose_schedule(const Topology& topo, size_t bytes_per_member, Schedule requested);
-size_t hierarchical_min_bytes();
+// hier_min_bytes (Settings, FG_HIER_MIN_BYTES) is the crossover.
+Schedule choose_schedule(const Topology& topo, size_t bytes_per_member, Schedule requested, size_t hier_min_bytes);
 
-// Largest piece a UCX message carries (a multiple of align); FG_NET_PIECE_BYTES.
-size_t net_piece_bytes(size_t bytes, size_t align);
+// Largest piece a UCX message carries: `configured` (Settings,
+// FG_NET_PIECE_BYTES; at least 4 KiB) in whole rows of `align`, larger where
+// the tag's 16 piece bits would not number the pieces.
+size_t net_piece_bytes(size_t bytes, size_t align, size_t configured);
 
 // call.landing must be set unless call.bytes is 0. call.schedule: kOneShot
 // (choose), kDirect or kHierarchical. On failure both channels are broken,

@@ -1,7 +1,6 @@
 #include "algo/copy_in.hpp"
 
 #include "base/caches.hpp"
-#include "base/env.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -55,18 +54,13 @@ void copy_out(std::byte* dst, const std::byte* src, size_t len, bool streaming) 
   std::memcpy(dst, src, len);
 }
 
-bool streams_out(size_t output_bytes) {
-  static const size_t from = [] {
-    const size_t llc = base::cache_bytes(0);
-    return base::env_count_or("FG_STREAM_OUT_BYTES", llc != 0 ? llc / 4 : size_t{8} << 20);  // checked by check_environment()
-  }();
-  return output_bytes >= from;
+bool streams_out(size_t output_bytes, const Settings& settings) {
+  return output_bytes >= settings.effective_stream_out_bytes();
 }
 
-CopyInChooser::CopyInChooser() {
-  auto v = base::env_word("FG_COPY_IN");  // checked by base::check_environment()
-  if (v.ok() && v.value() == "cached") forced_ = static_cast<int>(CopyIn::kCached);
-  if (v.ok() && v.value() == "streaming") forced_ = static_cast<int>(CopyIn::kStreaming);
+CopyInChooser::CopyInChooser(Settings::CopyIn forced) {
+  if (forced == Settings::CopyIn::kCached) forced_ = static_cast<int>(CopyIn::kCached);
+  if (forced == Settings::CopyIn::kStreaming) forced_ = static_cast<int>(CopyIn::kStreaming);
 }
 
 size_t CopyInChooser::size_class(size_t bytes) {

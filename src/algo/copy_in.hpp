@@ -11,6 +11,8 @@
 // one now and then. The writer alone decides; readers do not care.
 #pragma once
 
+#include "fastgather/settings.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -36,12 +38,12 @@ void copy_out(std::byte* dst, const std::byte* src, size_t len, bool streaming);
 // MPI in 4 runs of 4 with them and 2 of 4 without; 3 MB (6 MB of output)
 // 2.1-3.5x slower with them. 4 ranks on 2 cores: 3 MB 1.07-1.59 ms with,
 // 1.72-2.46 without.
-bool streams_out(size_t output_bytes);
+bool streams_out(size_t output_bytes, const Settings& settings);
 
 class CopyInChooser {
  public:
-  // FG_COPY_IN=cached|streaming forces one way (benchmarks); default: learn.
-  CopyInChooser();
+  // Settings::copy_in (FG_COPY_IN=cached|streaming) forces one way (benchmarks); default: learn.
+  explicit CopyInChooser(Settings::CopyIn forced = Settings::CopyIn::kLearned);
   CopyIn pick(size_t bytes);
   void record(size_t bytes, CopyIn how, double call_ns);
 

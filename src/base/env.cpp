@@ -47,6 +47,7 @@ constexpr EnvVar kTable[] = {
     {"FG_NET_PIECE_BYTES", K::kCount, 4096, uint64_t{1} << 31, "", "1048576", "across servers: largest UCX message"},
     {"FG_NO_HUGEPAGES", K::kFlag, 0, 0, "", "unset: tensors of 1 MiB and more get MADV_HUGEPAGE",
      "Tensor: no huge-page alignment or advice"},
+    {"FG_LOG_SETTINGS", K::kFlag, 0, 0, "", "unset", "rank 0 prints the effective settings when a communicator starts"},
     {"FG_NO_MPIRUN", K::kFlag, 0, 0, "", "unset", "fg-bench: do not re-run under mpirun for the MPI comparator"},
 };
 

@@ -33,16 +33,8 @@ using bootstrap::Clock;
 
 namespace {
 
-// Per member. Big enough that a line is reused only after it has left the
-// peers' L2 caches (see shm_channel.hpp); steps are a quarter of it.
-constexpr size_t kDefaultRingBytes = 4 << 20;
-
-size_t ring_bytes_from_env() {
-  // Checked by base::check_environment() in Communicator::create.
-  auto v = base::env_count("FG_RING_BYTES");
-  if (!v.ok() || !v.value()) return kDefaultRingBytes;
-  return (*v.value() + 4095) / 4096 * 4096;
-}
+// Settings::ring_bytes in whole pages.
+size_t ring_bytes_of(const Settings& s) { return (s.ring_bytes + 4095) / 4096 * 4096; }
 
 // A segment larger than what /dev/shm has free would be killed by SIGBUS
 // while it is faulted in, not refused: refuse it here, by name.
@@ -148,10 +140,9 @@ class HeapOwner final : public Tensor::Owner {
   std::shared_ptr<transport::ShmHeap> heap_;
 };
 
-size_t symmetric_bytes_from_env() {
-  // Checked by base::check_environment() in Communicator::create.
-  constexpr size_t kDefault = size_t{1} << 30;
-  return base::env_count_or("FG_SYMMETRIC_BYTES", kDefault) / transport::ShmHeap::kBlockAlign * transport::ShmHeap::kBlockAlign;
+// Settings::symmetric_bytes in whole heap blocks.
+size_t symmetric_bytes_of(const Settings& s) {
+  return s.symmetric_bytes / transport::ShmHeap::kBlockAlign * transport::ShmHeap::kBlockAlign;
 }
 
 }  // namespace
@@ -160,6 +151,7 @@ size_t symmetric_bytes_from_env() {
 
 struct Communicator::Impl {
   Config config;
+  Settings settings;  // config.settings, or the environment's
   std::unique_ptr<bootstrap::TcpStoreServer> server;  // world rank 0 only
   std::shared_ptr<Store> store;  // ours (TcpStoreClient) or the caller's
   std::string job_id;
@@ -372,6 +364,19 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config,
   if (Status s = base::check_environment(); !s.ok()) {
     return Status{s.kind(), fmt::format("rank {}: {}", config.rank, s.message())};
   }
+  if (config.settings) {
+    if (Status s = config.settings->validate(); !s.ok()) {
+      return Status{s.kind(), fmt::format("rank {}: {}", config.rank, s.message())};
+    }
+    impl->settings = *config.settings;
+  } else {
+    auto from_env = Settings::from_environment();
+    if (!from_env.ok()) return Status{from_env.status().kind(), fmt::format("rank {}: {}", config.rank, from_env.status().message())};
+    impl->settings = from_env.value();
+  }
+  if (config.rank == 0 && base::env_flag("FG_LOG_SETTINGS")) {
+    std::fprintf(stderr, "fastgather: settings: %s\n", impl->settings.describe().c_str());
+  }
   if (store) {
     impl->store = std::move(store);
   } else {
@@ -579,7 +584,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   const int local_me = static_cast<int>(std::find(local.begin(), local.end(), me_world) - local.begin());
   const std::string local_key = spans ? fmt::format("{}/s{}", key, config.server_index) : key;
   const int local_n = static_cast<int>(local.size());
-  const size_t ring = ring_bytes_from_env();
+  const size_t ring = ring_bytes_of(settings);
   const size_t bytes = transport::ShmChannel::segment_bytes(local_n, ring);
   const std::string prefix = transport::ShmSegment::job_prefix(job_id);
 
@@ -626,10 +631,10 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     const std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
     seg = transport::ShmSegment::create(name, bytes);
     if (!seg.ok()) return fail(seg.status());
-    transport::ShmChannel::format(seg.value().data(), local_n, ring, algo::default_pipeline_bytes());
+    transport::ShmChannel::format(seg.value().data(), local_n, ring, settings.effective_pipeline_bytes());
     // The heap's segment is named after the ring's; its region size travels
     // with the name, so that every member lays it out as the creator did.
-    const size_t region = local_n > 1 ? symmetric_bytes_from_env() : 0;
+    const size_t region = local_n > 1 ? symmetric_bytes_of(settings) : 0;
     std::string heap_value = "-";
     if (region != 0) {
       auto hs = transport::ShmSegment::create(name + "h", transport::ShmHeap::segment_bytes(local_n, region),
@@ -668,10 +673,14 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->ranks = ranks;
   impl->me = me;
   impl->label = label;
+  impl->settings = settings;
+  impl->copy_in = algo::CopyInChooser(settings.copy_in);
+  impl->copy_in_fused = algo::CopyInChooser(settings.copy_in);
   impl->topo = algo::Topology::of(server_of_member, me);
   // Waiting policy by how many processes compete for this host's cores.
   const int on_host = loopback ? config.world_size : config.ranks_on(config.server_index);
-  const auto policy = transport::WaitPolicy::for_members(spans ? std::max(on_host, local_n) : local_n, config.timeout);
+  const auto policy =
+      transport::WaitPolicy::for_members(spans ? std::max(on_host, local_n) : local_n, config.timeout, settings);
   impl->policy = policy;
   impl->aborted = &aborted;
   impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, label);
@@ -682,7 +691,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     impl->heap = std::move(heap);
   }
   impl->channel->publish_pid();
-  const bool try_single_copy = algo::single_copy_mode() != algo::SingleCopyMode::kOff && local_n > 1;
+  const bool try_single_copy = settings.single_copy != Settings::SingleCopy::kOff && local_n > 1;
   if (try_single_copy) impl->channel->publish_probe();
   // Every member has mapped the segment (a barrier whose opening a failed
   // member answers with its reason).

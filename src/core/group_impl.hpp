@@ -21,6 +21,7 @@ namespace fastgather {
 struct Group::Impl {
   std::vector<int> ranks;
   int me = -1;
+  Settings settings;  // the communicator's: every call on the group follows them
   std::string label;  // "group [0,2]"
   // Among the members on this server (all of them, unless net is set).
   std::unique_ptr<transport::ShmChannel> channel;

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "algo/allgather.hpp"
-#include "base/env.hpp"
 #include "core/group_impl.hpp"
 #include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
@@ -29,15 +28,12 @@ void set_blas_threads(int threads) {
   if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
 }
 
-// FG_FUSED_GEMM: the packed kernel (gemm.hpp) where the CPU has it and one
-// thread multiplies; OpenBLAS's sgemm on fp32 copies otherwise. Read once per
-// process, like the other settings, not on every call.
-bool use_packed_gemm(const AllGatherMatmulOptions& options) {
-  static const bool asked_blas = [] {
-    auto w = base::env_word("FG_FUSED_GEMM");  // checked by base::check_environment()
-    return w.ok() && w.value() && *w.value() == "openblas";
-  }();
-  return !asked_blas && options.gemm_threads <= 1 && ops::packed_gemm_supported();
+// The packed kernel (gemm.hpp) where the CPU has it and one thread
+// multiplies; OpenBLAS's sgemm on fp32 copies otherwise, or where the
+// settings ask for it (FG_FUSED_GEMM=openblas).
+bool use_packed_gemm(const AllGatherMatmulOptions& options, const Settings& settings) {
+  return settings.fused_gemm != Settings::FusedGemm::kOpenBlas && options.gemm_threads <= 1 &&
+         ops::packed_gemm_supported();
 }
 
 Status check_args(const Group& g, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
@@ -99,7 +95,7 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
                      fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte step; raise FG_RING_BYTES", kOp,
                                  group.describe(), row_bytes, ch.max_step_bytes())};
   }
-  const bool packed = use_packed_gemm(options);
+  const bool packed = use_packed_gemm(options, impl_of(group)->settings);
   if (!packed) set_blas_threads(options.gemm_threads);
 
   // Rows multiplied at once: a step's worth (k = 0 moves nothing; any block size serves).

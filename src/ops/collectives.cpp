@@ -71,7 +71,7 @@ engine::Task<Status> all_gather_op(Group& group, const TensorView& input, const 
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &impl_of(group)->copy_in;
-  call.stream_out = algo::streams_out(bytes * n);
+  call.stream_out = algo::streams_out(bytes * n, impl_of(group)->settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
@@ -104,7 +104,7 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
   algo::GatherCall call = gather_call(input, options);
   call.landing = &landing_ref;
   call.copy_in = &impl_of(group)->copy_in;
-  call.stream_out = algo::streams_out(bytes * outputs.size());
+  call.stream_out = algo::streams_out(bytes * outputs.size(), impl_of(group)->settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
@@ -139,7 +139,7 @@ engine::Task<Status> broadcast_op(Group& group, const TensorView& data, int root
   call.aux = static_cast<uint64_t>(root);
   call.aux_name = "root";
   call.root = root;
-  call.stream_out = algo::streams_out(bytes);
+  call.stream_out = algo::streams_out(bytes, impl_of(group)->settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     if (member == root && mine + off != src) algo::copy_out(mine + off, src, len, call.stream_out);
   };

@@ -19,6 +19,7 @@ namespace fastgather::ops {
 // A coroutine: `sink` must outlive it.
 inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
   Group::Impl& i = *impl_of(g);
+  call.settings = &i.settings;
   algo::GatherStats st;
   call.stats = &st;
   Status s;

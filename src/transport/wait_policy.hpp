@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include "fastgather/settings.hpp"
+
 namespace fastgather::transport {
 
 struct WaitPolicy {
@@ -15,8 +17,9 @@ struct WaitPolicy {
   // post wakes the sleeper at once, so this bounds only how soon a death or
   // the deadline is noticed.
   std::chrono::milliseconds sleep_slice{10};
-  // Reads FG_SPIN_US and FG_YIELD_US; spins less when members outnumber cores.
-  static WaitPolicy for_members(int members, std::chrono::milliseconds timeout);
+  // Spins less when members outnumber cores; settings.spin and .yield
+  // (FG_SPIN_US, FG_YIELD_US), where set, decide instead.
+  static WaitPolicy for_members(int members, std::chrono::milliseconds timeout, const Settings& settings = {});
 };
 
 }  // namespace fastgather::transport

@@ -1,0 +1,99 @@
+// Settings: read from the environment once per communicator, or set in code
+// through Config::settings, and then followed by the communicator's groups
+// alone (issue 22, item 1).
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
+
+using namespace fastgather;
+
+TEST(Settings, FromTheEnvironmentWithEveryVariableChecked) {
+  {
+    fgtest::ScopedEnv e({{"FG_RING_BYTES", "65536"}, {"FG_SINGLE_COPY", "off"}, {"FG_SPIN_US", "7"},
+                         {"FG_FUSED_GEMM", "openblas"}, {"FG_COPY_IN", "cached"}});
+    auto s = Settings::from_environment();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_EQ(s.value().ring_bytes, 65536u);
+    EXPECT_EQ(s.value().single_copy, Settings::SingleCopy::kOff);
+    EXPECT_EQ(s.value().spin, std::chrono::microseconds(7));
+    EXPECT_FALSE(s.value().yield.has_value());
+    EXPECT_EQ(s.value().fused_gemm, Settings::FusedGemm::kOpenBlas);
+    EXPECT_EQ(s.value().copy_in, Settings::CopyIn::kCached);
+    EXPECT_NE(s.value().describe().find("FG_RING_BYTES=65536"), std::string::npos) << s.value().describe();
+  }
+  fgtest::ScopedEnv bad({{"FG_NET_PIECE_BYTES", "12k"}, {"FG_LOG_SETTINGS", "1"}});
+  auto s = Settings::from_environment();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("FG_NET_PIECE_BYTES"), std::string::npos) << s.status().message();
+}
+
+TEST(Settings, ValuesSetInCodeAreCheckedLikeTheEnvironments) {
+  Settings s;
+  EXPECT_TRUE(s.validate().ok());
+  s.ring_bytes = 100;
+  Status st = s.validate();
+  EXPECT_EQ(st.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_NE(st.message().find("FG_RING_BYTES=100 is outside 16384.."), std::string::npos) << st.message();
+  Settings t;
+  t.spin = std::chrono::microseconds(5'000'000);
+  EXPECT_NE(t.validate().message().find("FG_SPIN_US"), std::string::npos);
+}
+
+// Config::settings wins over the environment, and two communicators of one
+// process follow their own: no heap where the code says 0 although the
+// environment asks for one, and a heap in the next communicator, which reads
+// the environment.
+TEST(Settings, ConfigSettingsWinAndEachCommunicatorFollowsItsOwn) {
+  fgtest::ScopedEnv e({{"FG_SYMMETRIC_BYTES", "2097152"}, {"FG_LOG_SETTINGS", "1"}});
+  const int second_port = fgtest::free_port();
+  auto results = fgtest::run_job(2, [&](const Config& base) -> std::string {
+    Config c = base;
+    Settings s;
+    s.symmetric_bytes = 0;
+    s.ring_bytes = 65536;
+    c.settings = s;
+    {
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      RANK_CHECK(!(*comm)->world().has_symmetric_heap(), "Config::settings said no heap; the environment was followed");
+      auto g = (*comm)->new_group({0, 1});
+      RANK_OK(g.status());
+      RANK_CHECK(!g.value()->has_symmetric_heap(), "a later group did not follow the communicator's settings");
+      // Every byte right with a 64 KiB ring: 1 MiB per rank moves in many steps.
+      for (size_t bytes : {size_t{1} << 20, size_t{3}, size_t{65536}}) {
+        Tensor in = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+        Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * 2});
+        fgtest::fill_pattern(in.data(), bytes, c.rank, bytes);
+        RANK_OK(all_gather(*g.value(), in.view(), out.view()));
+        for (int r = 0; r < 2; ++r) {
+          const auto* block = static_cast<const std::byte*>(out.data()) + r * bytes;
+          RANK_CHECK(fgtest::check_pattern(block, bytes, r, bytes) < 0, "{} bytes: rank {}'s block wrong", bytes, r);
+        }
+      }
+    }
+    Config from_env = base;
+    from_env.master_port = second_port;
+    auto comm = Communicator::create(from_env);
+    RANK_OK(comm.status());
+    RANK_CHECK((*comm)->world().has_symmetric_heap(), "the environment's FG_SYMMETRIC_BYTES was not followed");
+    return "";
+  });
+  fgtest::expect_all_ok(results);
+}
+
+TEST(Settings, ARangeErrorInConfigSettingsIsRefusedByName) {
+  auto results = fgtest::run_job(2, [](const Config& base) -> std::string {
+    Config c = base;
+    Settings s;
+    s.net_piece_bytes = 1;
+    c.settings = s;
+    auto comm = Communicator::create(c);
+    RANK_CHECK(!comm.ok(), "a 1-byte net piece was accepted");
+    RANK_CHECK(comm.status().message().find("FG_NET_PIECE_BYTES=1") != std::string::npos, "{}", comm.status().message());
+    return "";
+  }, {.timeout = std::chrono::milliseconds(2000)});
+  fgtest::expect_all_ok(results);
+}
