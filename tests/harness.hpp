@@ -64,6 +64,11 @@ struct ScopedEnv {
   std::vector<std::pair<const char*, const char*>> vars_;
 };
 
+// Runs f in a forked child as uid/gid 65534 (nobody), as `setpriv
+// --reuid=65534 --regid=65534 --clear-groups` would; returns its exit status
+// (99: the child could not drop to that user, e.g. not root).
+int as_nobody(const std::function<int()>& f);
+
 // Names in /dev/shm that fastgather made (fg-*).
 std::vector<std::string> fg_segments();
 // Segments created by any of these ranks' processes.

@@ -193,20 +193,6 @@ int stranger_attempts(int port, const std::string& job) {
   return admitted;
 }
 
-// Runs f in a child process as uid/gid 65534 (what `setpriv --reuid=65534
-// --regid=65534 --clear-groups` does); its exit status.
-int as_nobody(const std::function<int()>& f) {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(99);
-    ::_exit(f());
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 }  // namespace
 
 // A one-server job started without FG_TOKEN: its store admits only its own
@@ -256,7 +242,7 @@ TEST(Spawner, ALocalStrangerCannotJoinOrStopAJob) {
   const std::string job_id(buf, static_cast<size_t>(n));
   EXPECT_EQ(stranger_attempts(port, job_id), 0) << "a stranger of this uid was admitted";
   if (root) {
-    EXPECT_EQ(as_nobody([&] { return stranger_attempts(port, job_id); }), 0) << "a stranger of uid 65534 was admitted";
+    EXPECT_EQ(fgtest::as_nobody([&] { return stranger_attempts(port, job_id); }), 0) << "a stranger of uid 65534 was admitted";
   }
   char done = 1;
   ASSERT_EQ(::write(to_rank[1], &done, 1), 1);

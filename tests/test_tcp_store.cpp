@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "bootstrap/tcp_store.hpp"
+#include "harness.hpp"
 
 using namespace fastgather;
 using namespace fastgather::bootstrap;
@@ -212,44 +213,34 @@ TEST(TcpStore, HalfOpenAndSilentConnectionsNeitherBlockNorStay) {
 
 namespace {
 
-// Runs `body` in a child process as uid/gid 65534 (nobody), as `setpriv
-// --reuid=65534 --regid=65534 --clear-groups` would; its exit status.
-// Needs root: the caller skips otherwise.
-int as_nobody(const std::function<int()>& body) {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(99);
-    ::_exit(body());
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+// A listening socket on 127.0.0.1 (a port of the kernel's choice, in *port).
+int listen_on_loopback(int* port) {
+  int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  socklen_t len = sizeof(sa);
+  EXPECT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  EXPECT_EQ(::listen(l, 1), 0);
+  EXPECT_EQ(::getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  *port = ntohs(sa.sin_port);
+  return l;
 }
 
 }  // namespace
 
 // The kernel's socket table says who opened a connection on this host.
 TEST(TcpStore, KnowsWhichLocalUserOpenedAConnection) {
-  auto server = start();
-  int fd = raw_socket(server->port());
-  // Our own connection, seen from its accepted end, is ours.
-  int l = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  ASSERT_EQ(::listen(l, 1), 0);
-  socklen_t len = sizeof(sa);
-  ASSERT_EQ(::getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  int c = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  int port = 0;
+  int l = listen_on_loopback(&port);
+  int c = raw_socket(port);
   int a = ::accept(l, nullptr, nullptr);
   ASSERT_GE(a, 0);
+  // Our own connection, seen from its accepted end, is ours.
   auto uid = peer_uid_on_this_host(a);
   ASSERT_TRUE(uid.has_value()) << "this kernel's socket table (sock_diag) cannot be read";
   EXPECT_EQ(*uid, ::geteuid());
-  for (int x : {fd, l, c, a}) ::close(x);
+  for (int x : {l, c, a}) ::close(x);
 }
 
 // Another local user who has the job's token (it leaked) is still refused:
@@ -260,7 +251,7 @@ TEST(TcpStore, AnotherLocalUserIsRefusedEvenWithTheToken) {
   auto good = connect(server->port(), "secret");
   ASSERT_TRUE(good && good->set("x", "1").ok());
   const int port = server->port();
-  const int rc = as_nobody([port] {
+  const int rc = fgtest::as_nobody([port] {
     auto c = TcpStoreClient::connect("127.0.0.1", port, "secret", Clock::now() + 2s);
     if (c.ok()) {
       (void)c.value()->set(kJobAbortKey, "stranger");
@@ -346,14 +337,8 @@ TEST(TcpStore, HalfSentHellosCostLittleMemory) {
 // already sent the answer to the next request; the call's deadline has
 // passed when it starts.
 TEST(TcpStore, AReplyThatArrivedByTheDeadlineIsAnAnswer) {
-  int l = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  ASSERT_EQ(::listen(l, 1), 0);
-  socklen_t len = sizeof(sa);
-  ASSERT_EQ(::getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  int port = 0;
+  int l = listen_on_loopback(&port);
   auto reply = [](uint32_t id, const std::string& payload) {
     std::string f(13, '\0');
     const uint32_t n = static_cast<uint32_t>(5 + payload.size());
@@ -375,7 +360,7 @@ TEST(TcpStore, AReplyThatArrivedByTheDeadlineIsAnAnswer) {
     }
     ::close(c);
   });
-  auto client = TcpStoreClient::connect("127.0.0.1", ntohs(sa.sin_port), "", Clock::now() + 2s);
+  auto client = TcpStoreClient::connect("127.0.0.1", port, "", Clock::now() + 2s);
   connected = true;
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   std::this_thread::sleep_for(50ms);  // the answer is in our socket now
