@@ -218,8 +218,7 @@ TEST(Spawner, ALocalStrangerCannotJoinOrStopAJob) {
     ::_exit(run_local_ranks(plan, [&](const Config& c) {
       if (c.rank == 1) {
         // Rank 0's store is up: the strangers try first, with the job's id.
-        const char* id = std::getenv("FG_JOB_ID");
-        const std::string job_id = id != nullptr ? id : "";
+        const std::string job_id = c.job_id;
         (void)!::write(to_test[1], job_id.data(), job_id.size());
         ::close(to_test[1]);
         char done = 0;

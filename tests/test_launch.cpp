@@ -134,7 +134,7 @@ TEST(Environment, TheReadmeTableMatchesTheCode) {
   ASSERT_NE(start, std::string::npos);
   const std::string section = text.substr(start, text.find("\n## ", start + 1) - start);
   std::set<std::string> in_readme;
-  const std::regex name(R"(`((?:FG_|TP|DP|SERVER_|MASTER_|PORT)[A-Z_]*)`)");
+  const std::regex name(R"(`((?:FG_|TP|DP|SERVER_|MASTER_|PORT|UCX_|OMPI_|PMI)[A-Z_]*)`)");
   for (std::sregex_iterator it(section.begin(), section.end(), name), end; it != end; ++it) in_readme.insert((*it)[1]);
   std::set<std::string> in_code;
   for (const auto& v : base::env_table()) in_code.insert(v.name);

@@ -26,6 +26,9 @@ struct Config {
   // A peer whose process has died is detected within ~10 ms regardless.
   std::chrono::milliseconds timeout{5000};
   std::string token;  // FG_TOKEN: every rank must present the same one to the store
+  // Names the job's shared-memory segments (1 to 64 of [0-9A-Za-z_]), so that
+  // a spawner can remove what its ranks left; empty: rank 0 makes one up.
+  std::string job_id;
   // The library's tunables; unset: Settings::from_environment() at create.
   std::optional<Settings> settings;
 

@@ -27,6 +27,7 @@ struct LaunchPlan {
   int master_port = 29500;
   std::chrono::milliseconds timeout{5000};
   std::string token;
+  std::string job_id;  // Config::job_id of every rank (run_local_ranks sets one)
 
   int world_size() const { return tp * dp; }
   // This server's ranks: a consecutive block (see Config::first_rank_on).

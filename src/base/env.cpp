@@ -47,6 +47,19 @@ constexpr EnvVar kTable[] = {
     {"FG_NET_PIECE_BYTES", K::kCount, 4096, uint64_t{1} << 31, "", "1048576", "across servers: largest UCX message"},
     {"FG_NO_HUGEPAGES", K::kFlag, 0, 0, "", "unset: tensors of 1 MiB and more get MADV_HUGEPAGE",
      "Tensor: no huge-page alignment or advice"},
+    {"FG_RANK", K::kText, 0, 0, "", "unset", "with FG_WORLD_SIZE: this process is that rank of a job another launcher started (also OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE, PMIX_RANK/SIZE)"},
+    {"FG_WORLD_SIZE", K::kText, 0, 0, "", "unset", "see FG_RANK"},
+    {"OMPI_COMM_WORLD_RANK", K::kText, 0, 0, "", "set by Open MPI's mpirun", "see FG_RANK"},
+    {"OMPI_COMM_WORLD_SIZE", K::kText, 0, 0, "", "set by Open MPI's mpirun", "see FG_RANK"},
+    {"PMI_RANK", K::kText, 0, 0, "", "set by MPICH's and Slurm's launchers", "see FG_RANK"},
+    {"PMI_SIZE", K::kText, 0, 0, "", "set by MPICH's and Slurm's launchers", "see FG_RANK"},
+    {"PMIX_RANK", K::kText, 0, 0, "", "set by PMIx launchers", "see FG_RANK"},
+    {"PMIX_SIZE", K::kText, 0, 0, "", "set by PMIx launchers", "see FG_RANK"},
+    {"UCX_TLS", K::kText, 0, 0, "", "UCX's; tcp when servers are simulated on one host", "UCX's transports (UCX reads it; fastgather only looks)"},
+    {"UCX_NET_DEVICES", K::kText, 0, 0, "", "UCX's; lo when servers are simulated on one host", "UCX's devices (UCX reads it; fastgather only looks)"},
+    {"UCX_RNDV_THRESH", K::kText, 0, 0, "", "UCX's; inf when simulated over TCP", "UCX's rendezvous threshold (UCX reads it; fastgather only looks)"},
+    {"UCX_TCP_TX_SEG_SIZE", K::kText, 0, 0, "", "UCX's; 256k when simulated over TCP", "UCX's TCP segment (UCX reads it; fastgather only looks)"},
+    {"UCX_TCP_RX_SEG_SIZE", K::kText, 0, 0, "", "UCX's; 256k when simulated over TCP", "UCX's TCP segment (UCX reads it; fastgather only looks)"},
     {"FG_LOG_SETTINGS", K::kFlag, 0, 0, "", "unset", "rank 0 prints the effective settings when a communicator starts"},
     {"FG_NO_MPIRUN", K::kFlag, 0, 0, "", "unset", "fg-bench: do not re-run under mpirun for the MPI comparator"},
 };
@@ -104,6 +117,12 @@ Result<std::optional<std::string>> env_word(const char* name) {
 uint64_t env_count_or(const char* name, uint64_t fallback) {
   auto v = env_count(name);
   return v.ok() && v.value() ? *v.value() : fallback;
+}
+
+std::optional<std::string> env_text(const char* name, bool empty_counts) {
+  const char* v = find_env(name) != nullptr ? std::getenv(name) : nullptr;
+  if (v == nullptr || (*v == '\0' && !empty_counts)) return std::nullopt;
+  return std::string(v);
 }
 
 bool env_flag(const char* name) {

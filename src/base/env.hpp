@@ -38,6 +38,10 @@ Result<std::optional<std::string>> env_word(const char* name);
 // the value, or `fallback` when unset or invalid.
 uint64_t env_count_or(const char* name, uint64_t fallback);
 bool env_flag(const char* name);
+// A kText variable of the table, as it is (nullopt: unset, or set but empty
+// unless empty_counts). Every variable the project reads is read through
+// these functions, so this file is where `getenv` is.
+std::optional<std::string> env_text(const char* name, bool empty_counts = false);
 // The table as text, one variable a line (fg-bench --help-env).
 std::string describe_environment();
 // Checks every variable of the table that is set.

@@ -456,9 +456,8 @@ Status Communicator::Impl::finish_create() {
   const auto deadline = this->deadline();
 
   if (config.rank == 0) {
-    const char* env_job = std::getenv("FG_JOB_ID");
-    job_id = (env_job != nullptr && *env_job != '\0') ? env_job : random_job_id();
-    if (Status s = bootstrap::check_job_id("FG_JOB_ID", job_id); !s.ok()) return s;
+    job_id = !config.job_id.empty() ? config.job_id : random_job_id();
+    if (Status s = bootstrap::check_job_id("Config::job_id", job_id); !s.ok()) return s;
     if (Status s = store->set("job_id", job_id); !s.ok()) return s;
   } else {
     auto job = store->get("job_id", deadline);

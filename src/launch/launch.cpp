@@ -47,12 +47,11 @@ Result<std::optional<std::pair<int, int>>> launcher_rank() {
       {"PMIX_RANK", "PMIX_SIZE"},
   };
   for (auto [r, s] : kVars) {
-    const char* rv = std::getenv(r);
-    const char* sv = std::getenv(s);
-    if (rv == nullptr || sv == nullptr) continue;
-    auto size = base::parse_count(sv, 1, kMaxWorldSize, fmt::format("environment variable {}", s));
+    const auto rv = base::env_text(r), sv = base::env_text(s);
+    if (!rv || !sv) continue;
+    auto size = base::parse_count(*sv, 1, kMaxWorldSize, fmt::format("environment variable {}", s));
     if (!size.ok()) return size.status();
-    auto rank = base::parse_count(rv, 0, size.value() - 1, fmt::format("environment variable {}", r));
+    auto rank = base::parse_count(*rv, 0, size.value() - 1, fmt::format("environment variable {}", r));
     if (!rank.ok()) return rank.status();
     return std::optional<std::pair<int, int>>{{static_cast<int>(rank.value()), static_cast<int>(size.value())}};
   }
@@ -130,6 +129,7 @@ Config LaunchPlan::config_for_rank(int rank) const {
   c.server_index = server_index;
   c.timeout = timeout;
   c.token = token;
+  c.job_id = job_id;
   return c;
 }
 
@@ -143,13 +143,13 @@ Result<LaunchPlan> launch_plan_from_env(LaunchPlan p) {
   } else if (t.value()) {
     p.timeout = std::chrono::milliseconds(*t.value());
   }
-  if (const char* ip = std::getenv("MASTER_IP"); ip != nullptr) {
+  if (const auto ip = base::env_text("MASTER_IP", /*empty_counts=*/true)) {
     // Set but empty is a mistake (a variable the script forgot to fill), not "the default".
-    if (*ip == '\0') return Status{ErrorKind::kInvalidArgument, "MASTER_IP is set but empty; unset it for 127.0.0.1"};
-    p.master_addr = ip;
+    if (ip->empty()) return Status{ErrorKind::kInvalidArgument, "MASTER_IP is set but empty; unset it for 127.0.0.1"};
+    p.master_addr = *ip;
   }
   if (Status s = base::check_environment(); !s.ok()) return s;
-  if (const char* tok = std::getenv("FG_TOKEN"); tok != nullptr) p.token = tok;
+  if (const auto tok = base::env_text("FG_TOKEN")) p.token = *tok;
   if (Status s = p.validate(); !s.ok()) return s;
   return p;
 }
@@ -336,6 +336,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   std::random_device rd;
   const std::string job = fmt::format("{:08x}{:08x}", rd(), rd());
   LaunchPlan p = plan;
+  p.job_id = job;  // handed to the ranks in their Config, as the token is
   // All ranks are ours: a secret of our own, handed to them in memory (fork)
   // and never written anywhere another user can read, keeps everyone else
   // out of the store: another job that finds the same port, and a local
@@ -353,9 +354,6 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   po.first_label = first;
   po.in_child = [&](int i) {
     if (bind) bind_to_cpu(by_world_rank ? first + i : i);
-    ::setenv("FG_JOB_ID", job.c_str(), 1);
-    ::setenv("FG_RANK", std::to_string(first + i).c_str(), 1);
-    ::setenv("FG_WORLD_SIZE", std::to_string(p.world_size()).c_str(), 1);
   };
   const int rc = run_processes(local, [&](int i) { return body(p.config_for_rank(first + i)); }, po);
   transport::ShmSegment::sweep_job(job);

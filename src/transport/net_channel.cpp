@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <ucp/api/ucp.h>
 
+#include "base/env.hpp"
+
 namespace fastgather::transport {
 namespace {
 
@@ -17,10 +19,7 @@ Status ucx_error(const std::string& what, ucs_status_t st) {
   return {ErrorKind::kSystem, fmt::format("{}: UCX: {}", what, ucs_status_string(st))};
 }
 
-bool env_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0';
-}
+bool env_set(const char* name) { return base::env_text(name).has_value(); }
 
 // Statuses that mean the peer (or the way to it) is gone.
 bool peer_gone(ucs_status_t st) {
@@ -92,8 +91,8 @@ Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
   }
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) return ucx_error("reading the UCX configuration", st);
-  std::string tls = env_set("UCX_TLS") ? std::getenv("UCX_TLS") : "default";
-  std::string devices = env_set("UCX_NET_DEVICES") ? std::getenv("UCX_NET_DEVICES") : "default";
+  std::string tls = base::env_text("UCX_TLS").value_or("default");
+  std::string devices = base::env_text("UCX_NET_DEVICES").value_or("default");
   std::string extra;
   if (options.loopback) {
     // Simulated servers share this host; UCX would otherwise pick shared
