@@ -1,6 +1,9 @@
 // The layering docs/architecture.md draws, checked on the sources: each
-// folder of src/ includes only the folders below it (and its own), and the
-// layers below the ops never include the public op or launch headers.
+// folder of src/ includes only the folders below it (and its own), public
+// headers included; and each public header is implemented in the layer it is
+// said to belong to (so that "includes only what is below" also means
+// "depends only on what is below": status, dtype, settings and config are
+// vocabulary implemented in base, not in core).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -27,11 +30,15 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"ops", {"base", "transport", "engine", "algo", "core"}},
     {"launch", {"base", "transport"}},
 };
-// Public headers that belong to a layer above core.
-const std::map<std::string, std::set<std::string>> kPublicAbove = {
-    {"fastgather/ops.hpp", {"ops"}},
-    {"fastgather/launch.hpp", {"launch"}},
-    {"fastgather/fastgather.hpp", {}},
+// Public header -> the layer that implements it ("" for the umbrella header,
+// which only the top may include). Every header in include/fastgather is here.
+const std::map<std::string, std::string> kPublicLayer = {
+    {"fastgather/status.hpp", "base"},      {"fastgather/dtype.hpp", "base"},
+    {"fastgather/settings.hpp", "base"},    {"fastgather/config.hpp", "base"},
+    {"fastgather/store.hpp", "bootstrap"},  {"fastgather/tensor.hpp", "core"},
+    {"fastgather/communicator.hpp", "core"}, {"fastgather/version.hpp", "core"},
+    {"fastgather/ops.hpp", "ops"},          {"fastgather/launch.hpp", "launch"},
+    {"fastgather/fastgather.hpp", ""},
 };
 
 // Scans root/src; `where` in each finding is relative to root.
@@ -55,9 +62,15 @@ std::vector<std::string> violations(const fs::path& root = FG_SOURCE_DIR) {
       const std::string where = fs::relative(entry.path(), root).string() + ":" + std::to_string(n);
       const std::string dir = target.substr(0, target.find('/'));
       if (dir == "fastgather") {
-        auto above = kPublicAbove.find(target);
-        if (above != kPublicAbove.end() && !above->second.contains(layer)) {
-          bad.push_back(where + " (" + layer + ") includes " + target + ", a layer above it");
+        auto owner = kPublicLayer.find(target);
+        if (owner == kPublicLayer.end()) {
+          bad.push_back(where + " includes " + target + ", which the layer map does not know (add it)");
+        } else if (owner->second != layer && !allowed->second.contains(owner->second)) {
+          bad.push_back(where + " (" + layer + ") includes " + target + ", implemented in " +
+                        (owner->second.empty() ? std::string("no layer below the top") : owner->second));
+        } else if (n == 1 && entry.path().extension() == ".cpp" && owner->second != layer) {
+          // A .cpp whose first line includes a public header implements it.
+          bad.push_back(where + " (" + layer + ") implements " + target + ", which belongs to " + owner->second);
         }
       } else if (dir != layer && !allowed->second.contains(dir)) {
         bad.push_back(where + " (" + layer + ") includes " + target);
@@ -86,8 +99,24 @@ TEST(Layers, TheCheckCatchesAnIncludeThatGoesUp) {
   fs::copy(fs::path(FG_SOURCE_DIR) / "src", root / "src", fs::copy_options::recursive);
   const fs::path probe = root / "src" / "transport" / "zz_layer_probe.hpp";
   { std::ofstream(probe) << "#include \"core/group_impl.hpp\"\n#include \"fastgather/ops.hpp\"\n"; }
+  // And a definition in the wrong layer: core implementing base's status.
+  { std::ofstream(root / "src" / "core" / "zz_status_probe.cpp") << "#include \"fastgather/status.hpp\"\n"; }
   const auto bad = violations(root);
   fs::remove_all(root);
-  ASSERT_EQ(bad.size(), 2u);
-  EXPECT_NE(bad[0].find("zz_layer_probe.hpp:1 (transport) includes core/group_impl.hpp"), std::string::npos) << bad[0];
+  ASSERT_EQ(bad.size(), 3u);
+  std::string all;
+  for (const auto& b : bad) all += b + "\n";
+  EXPECT_NE(all.find("zz_layer_probe.hpp:1 (transport) includes core/group_impl.hpp"), std::string::npos) << all;
+  EXPECT_NE(all.find("zz_layer_probe.hpp:2 (transport) includes fastgather/ops.hpp, implemented in ops"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("zz_status_probe.cpp:1 (core) implements fastgather/status.hpp, which belongs to base"),
+            std::string::npos) << all;
+}
+
+// Every public header has a layer in the map, so none escapes the check.
+TEST(Layers, EveryPublicHeaderHasALayer) {
+  for (const auto& entry : fs::directory_iterator(fs::path(FG_SOURCE_DIR) / "include" / "fastgather")) {
+    const std::string name = "fastgather/" + entry.path().filename().string();
+    EXPECT_TRUE(kPublicLayer.contains(name)) << name << " is not in kPublicLayer";
+  }
 }

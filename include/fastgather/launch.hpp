@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "fastgather/communicator.hpp"
+#include "fastgather/config.hpp"
 #include "fastgather/status.hpp"
 
 namespace fastgather {

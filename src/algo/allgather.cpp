@@ -10,7 +10,7 @@
 #include "base/caches.hpp"
 #include "base/huge_pages.hpp"
 #include "engine/waits.hpp"
-#include "fastgather/tensor.hpp"
+#include "fastgather/dtype.hpp"
 
 namespace fastgather::algo {
 namespace {

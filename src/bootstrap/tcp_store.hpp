@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "fastgather/config.hpp"
 #include "fastgather/status.hpp"
 #include "fastgather/store.hpp"
 
@@ -41,6 +42,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMaxFrame = 1u << 20;
 constexpr size_t kMaxKey = 1024;
+static_assert(kMaxKey >= kMaxTokenBytes, "a HELLO carries the token as its key");
 
 enum class StoreOp : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kBye = 5 };
 enum class StoreReply : uint8_t { kOk = 0, kError = 1 };

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -63,45 +65,6 @@ std::string random_job_id() {
 }
 
 }  // namespace
-
-Status Config::validate() const {
-  if (world_size < 1) return {ErrorKind::kInvalidArgument, fmt::format("world size {} must be at least 1", world_size)};
-  if (rank < 0 || rank >= world_size) {
-    return {ErrorKind::kInvalidArgument, fmt::format("rank {} is outside world size {}", rank, world_size)};
-  }
-  if (servers < 1 || world_size < servers) {
-    return {ErrorKind::kInvalidArgument,
-            fmt::format("world size {} cannot fill {} servers (every server needs a rank)", world_size, servers)};
-  }
-  if (server_index < 0 || server_index >= servers) {
-    return {ErrorKind::kInvalidArgument, fmt::format("server index {} is outside 0..{}", server_index, servers - 1)};
-  }
-  if (server_of(rank) != server_index) {
-    return {ErrorKind::kInvalidArgument,
-            fmt::format("rank {} belongs to server {} (ranks {}..{}), not server {}", rank, server_of(rank),
-                        first_rank_on(server_of(rank)), first_rank_on(server_of(rank) + 1) - 1, server_index)};
-  }
-  if (master_port < 1 || master_port > 65535) {
-    return {ErrorKind::kInvalidArgument, fmt::format("port {} is not a TCP port every rank can find (1..65535)", master_port)};
-  }
-  if (token.size() > bootstrap::kMaxKey) {
-    return {ErrorKind::kInvalidArgument,
-            fmt::format("the job token (FG_TOKEN) is {} bytes; at most {}", token.size(), bootstrap::kMaxKey)};
-  }
-  return Status::Ok();
-}
-
-int Config::first_rank_on_server(int world, int servers, int server) {
-  const int q = world / servers, rem = world % servers;
-  return server * q + std::min(server, rem);
-}
-
-int Config::server_of_rank(int world, int servers, int r) {
-  const int q = world / servers, rem = world % servers;
-  if (q == 0) return r;  // more servers than ranks: refused by validate()
-  const int big = rem * (q + 1);  // ranks on the servers that hold q+1
-  return r < big ? r / (q + 1) : rem + (r - big) / q;
-}
 
 // ------------------------------------------------------------------ Group
 
@@ -605,6 +568,17 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     }
     return w;
   };
+  // A segment that cannot be opened may be gone because a member failed
+  // first and its creator gave up and removed it: then that member's reason
+  // (under the barrier's key, which every failure writes) is the news.
+  auto opening_failed = [&](const Status& s) {
+    auto earlier = store->get(local_key + "/attached/open", Clock::now() + std::chrono::milliseconds(200));
+    if (auto f = earlier.ok() ? bootstrap::failure_in(earlier.value()) : std::nullopt) {
+      heard = true;
+      return Status{f->kind(), fmt::format("{} (then here: {})", f->message(), s.message())};
+    }
+    return s;
+  };
   // What a member wrote under k, or the failure it wrote there instead.
   auto read = [&](const std::string& k) -> Result<std::string> {
     auto v = store->get(k, dl);
@@ -621,6 +595,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   // The symmetric heap needs address space for every member's region: say
   // which setting that is where it cannot be had.
   auto heap_failed = [&](const Status& s, size_t region) {
+    if (s.message().find(std::strerror(ENOMEM)) == std::string::npos) return s;
     return Status{s.kind(), fmt::format("{} (the symmetric heap: {} members x FG_SYMMETRIC_BYTES={} of shared memory, "
                                         "reserved as address space; set FG_SYMMETRIC_BYTES smaller, or 0 for no heap)",
                                         s.message(), local_n, region)};
@@ -654,7 +629,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     }
     if (Status s = bootstrap::check_segment_name(local_key + "/name", name.value(), prefix); !s.ok()) return fail(s);
     seg = transport::ShmSegment::open(name.value(), bytes);
-    if (!seg.ok()) return fail(seg.status());
+    if (!seg.ok()) return fail(opening_failed(seg.status()));
     auto heap_value = read(local_key + "/heap");  // set before the name
     if (!heap_value.ok()) return fail(heap_value.status());
     auto parsed = bootstrap::parse_heap_value(local_key + "/heap", heap_value.value(), prefix,
@@ -663,7 +638,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (const auto& h = parsed.value()) {
       auto hs = transport::ShmSegment::open(h->name, transport::ShmHeap::segment_bytes(local_n, h->region),
                                             transport::ShmSegment::Pages::kOnDemand);
-      if (!hs.ok()) return fail(heap_failed(hs.status(), h->region));
+      if (!hs.ok()) return fail(opening_failed(heap_failed(hs.status(), h->region)));
       heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, h->region);
     }
   }
