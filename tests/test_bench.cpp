@@ -2,9 +2,19 @@
 // schema, and --compare's word on MPI.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -64,6 +74,7 @@ TEST(LimitModel, InterpolatesCopiesAndAddsTheTerms) {
 
 TEST(LimitModel, MeasuredFiguresAreSane) {
   Limits l = measure_limits({4096, 65536}, 0, 1);
+  EXPECT_EQ(l.error, "");
   ASSERT_EQ(l.local.size(), 2u);
   ASSERT_EQ(l.peer.size(), 2u);
   EXPECT_GT(l.rtt_ns, 1);
@@ -287,4 +298,76 @@ TEST(FgBench, ARowTooLargeForTheRingIsSkippedNotFatal) {
   EXPECT_NE(out.find("skipped"), std::string::npos) << out;
   EXPECT_NE(out.find("exceeds"), std::string::npos) << out;
   EXPECT_NE(out.find("### AllGather (fp32, hidden 8192)"), std::string::npos) << out;
+}
+
+namespace {
+
+// Processes whose parent is `pid`, from /proc.
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string stat;
+    std::getline(f, stat);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == pid) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// fg-bench killed at any point of its limits measurement - its top process,
+// or its ranks (the measuring rank's helper then loses its parent) - leaves
+// no process behind: everything it started has ended within a few seconds.
+// (Before: a helper reparented to init spun at 100% of a core for as long
+// as anyone looked, 25 minutes and more.) This process is the subreaper, so
+// whatever is orphaned comes to it; no child left means nothing left.
+TEST(FgBench, KilledDuringItsLimitsMeasurementItLeavesNoProcess) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  for (int delay_ms : {150, 400, 800, 1500}) {
+    for (bool ranks : {false, true}) {
+      const int port = fgtest::free_port();
+      std::fflush(nullptr);
+      pid_t top = ::fork();
+      if (top == 0) {
+        const int null = ::open("/dev/null", O_WRONLY);
+        ::dup2(null, 1);
+        ::dup2(null, 2);
+        const std::string p = std::to_string(port);
+        ::execl(FG_BENCH_NOMPI, FG_BENCH_NOMPI, "--m", "8,4096", "--hidden", "3072", "--time-ms", "2000",
+                "--no-compare", "--port", p.c_str(), static_cast<char*>(nullptr));
+        ::_exit(127);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      if (ranks) {
+        for (pid_t r : children_of(top)) ::kill(r, SIGKILL);
+      } else {
+        ::kill(top, SIGKILL);
+      }
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      bool none = false;
+      while (!none && std::chrono::steady_clock::now() < until) {
+        while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+        }
+        none = ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD;
+        if (!none) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      EXPECT_TRUE(none) << "processes left 10 s after killing " << (ranks ? "the ranks" : "fg-bench") << " at "
+                        << delay_ms << " ms";
+      if (!none) {
+        for (pid_t c : children_of(::getpid())) ::kill(c, SIGKILL);
+        while (::waitpid(-1, nullptr, 0) > 0) {
+        }
+      }
+    }
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
 }

@@ -1,13 +1,16 @@
 #include "limits.hpp"
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -38,6 +41,37 @@ struct Shared {
   alignas(64) std::atomic<uint64_t> arrived{0};  // "both at once": arrivals at the start line
 };
 
+// The whole measurement takes a second or two; past this, something is wrong.
+constexpr auto kMeasureWithin = std::chrono::seconds(120);
+
+// The other side of a spin wait: the helper (seen from the measuring
+// process) or the measuring process (seen from the helper). A spin ends
+// when its condition holds, the partner is gone, or the deadline passes,
+// so a measurement whose partner was killed never spins on alone.
+class Partner {
+ public:
+  static Partner helper(pid_t pid) { return Partner(pid, false); }
+  static Partner parent(pid_t pid) { return Partner(pid, true); }
+  template <typename Done>
+  bool spin_until(Done done) {
+    for (uint64_t i = 0; !done(); ++i) {
+      if ((i & 0x3fff) == 0 && !(Clock::now() < deadline_ && alive())) return false;
+    }
+    return true;
+  }
+
+ private:
+  Partner(pid_t pid, bool is_parent) : pid_(pid), is_parent_(is_parent) {}
+  bool alive() {
+    if (is_parent_) return ::getppid() == pid_;
+    int st = 0;
+    return ::waitpid(pid_, &st, WNOHANG) == 0;  // 0: still running
+  }
+  pid_t pid_;
+  bool is_parent_;
+  Clock::time_point deadline_ = Clock::now() + kMeasureWithin;
+};
+
 // Private memory as fastgather's outputs get it (Tensor: huge pages from 1 MiB).
 struct Output {
   explicit Output(size_t bytes) : bytes(std::max<size_t>(bytes, 1)) {
@@ -60,14 +94,15 @@ struct Output {
 // second. Both start together (a spin barrier); returns this CPU's times.
 // With `streaming`, the copies use streaming stores (algo::copy_out), as
 // fastgather's do for large outputs; the bound takes the faster way.
+// Empty when the partner went away or the deadline passed.
 std::vector<double> copy_both(Shared* sh, const char* peer_block, const char* own_block, char* out, size_t bytes,
-                              bool streaming, int reps, uint64_t* round) {
+                              bool streaming, int reps, uint64_t* round, Partner& partner) {
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     ++*round;
     sh->arrived.fetch_add(1, std::memory_order_acq_rel);
-    while (sh->arrived.load(std::memory_order_acquire) < 2 * *round) {
-    }
+    const uint64_t all = 2 * *round;
+    if (!partner.spin_until([&] { return sh->arrived.load(std::memory_order_acquire) >= all; })) return {};
     auto t0 = Clock::now();
     auto* o = reinterpret_cast<std::byte*>(out);
     algo::copy_out(o, reinterpret_cast<const std::byte*>(peer_block), bytes, streaming);
@@ -123,19 +158,23 @@ Limits measure_limits(const std::vector<size_t>& sizes_in, int cpu_a, int cpu_b)
   std::vector<int> reps;
   for (size_t s : sizes) reps.push_back(reps_for(s));
   std::fflush(nullptr);
+  const pid_t me = ::getpid();
   pid_t helper = ::fork();
   if (helper == 0) {
+    // Dies with the measuring process, whatever kills it (and gives up if
+    // that already happened, or if the measurement stalls).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    Partner parent = Partner::parent(me);
+    if (::getppid() != me) ::_exit(1);
     pin(cpu_b);
     uint64_t turn = 1;
     for (int i = 0; i < kPings; ++i, turn += 2) {  // answer pings: odd -> even
-      while (sh->turn.load(std::memory_order_acquire) != turn) {
-      }
+      if (!parent.spin_until([&] { return sh->turn.load(std::memory_order_acquire) == turn; })) ::_exit(1);
       sh->turn.store(turn + 1, std::memory_order_release);
     }
     for (size_t k = 0; k < sizes.size(); ++k) {
       for (int i = 0; i < reps[k]; ++i, turn += 2) {  // write the buffer, hand it over
-        while (sh->turn.load(std::memory_order_acquire) != turn) {
-        }
+        if (!parent.spin_until([&] { return sh->turn.load(std::memory_order_acquire) == turn; })) ::_exit(1);
         std::memset(buf, static_cast<int>(turn & 0xff), sizes[k]);
         sh->turn.store(turn + 1, std::memory_order_release);
       }
@@ -143,15 +182,36 @@ Limits measure_limits(const std::vector<size_t>& sizes_in, int cpu_a, int cpu_b)
     Output out(2 * max_bytes);
     uint64_t round = 0;
     for (size_t k = 0; k < sizes.size() && out.data != nullptr; ++k) {
-      for (bool streaming : {false, true}) (void)copy_both(sh, buf_a, buf, out.data, sizes[k], streaming, reps[k], &round);
+      for (bool streaming : {false, true}) {
+        if (copy_both(sh, buf_a, buf, out.data, sizes[k], streaming, reps[k], &round, parent).empty()) ::_exit(1);
+      }
     }
     ::_exit(0);
   }
+  if (helper < 0) {
+    ::munmap(mem, map_bytes);
+    ::sched_setaffinity(0, sizeof(saved), &saved);
+    l.error = fmt::format("cannot start the helper: {}", std::strerror(errno));
+    return l;
+  }
+  Partner partner = Partner::helper(helper);
+  // What is left when the helper is gone or the deadline passed: the helper
+  // stopped, the memory given back, the figures so far, and why.
+  auto give_up = [&](const char* during) {
+    ::kill(helper, SIGKILL);
+    ::waitpid(helper, nullptr, 0);
+    ::munmap(mem, map_bytes);
+    ::sched_setaffinity(0, sizeof(saved), &saved);
+    l.error = fmt::format("the helper on CPU {} stopped answering during {} (or {} s passed); figures after it are missing",
+                          cpu_b, during, kMeasureWithin.count());
+    return l;
+  };
   uint64_t turn = 1;
   auto t0 = Clock::now();
   for (int i = 0; i < kPings; ++i, turn += 2) {
     sh->turn.store(turn, std::memory_order_release);
-    while (sh->turn.load(std::memory_order_acquire) != turn + 1) {
+    if (!partner.spin_until([&] { return sh->turn.load(std::memory_order_acquire) == turn + 1; })) {
+      return give_up("the ping-pong");
     }
   }
   l.rtt_ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kPings;
@@ -159,7 +219,8 @@ Limits measure_limits(const std::vector<size_t>& sizes_in, int cpu_a, int cpu_b)
     std::vector<double> t;
     for (int i = 0; i < reps[k]; ++i, turn += 2) {
       sh->turn.store(turn, std::memory_order_release);
-      while (sh->turn.load(std::memory_order_acquire) != turn + 1) {
+      if (!partner.spin_until([&] { return sh->turn.load(std::memory_order_acquire) == turn + 1; })) {
+        return give_up("the peer-written copies");
       }
       auto c0 = Clock::now();
       std::memcpy(dst.data(), buf, sizes[k]);
@@ -174,7 +235,9 @@ Limits measure_limits(const std::vector<size_t>& sizes_in, int cpu_a, int cpu_b)
     for (size_t k = 0; k < sizes.size() && out.data != nullptr; ++k) {
       double best = 0;
       for (bool streaming : {false, true}) {
-        const double us = summarize(copy_both(sh, buf, buf_a, out.data, sizes[k], streaming, reps[k], &round)).median;
+        const auto times = copy_both(sh, buf, buf_a, out.data, sizes[k], streaming, reps[k], &round, partner);
+        if (times.empty()) return give_up("the copies of both CPUs at once");
+        const double us = summarize(times).median;
         best = best == 0 ? us : std::min(best, us);
       }
       l.both.push_back({sizes[k], best});
@@ -219,6 +282,7 @@ double all_gather_limit_us(const Limits& l, size_t bytes, int ranks, int remote_
 std::string format_limits(const Limits& l) {
   std::string s = fmt::format("### Machine limits (CPU {} <-> CPU {})\n\ncache-line round trip: {:.0f} ns\n\n", l.cpu_a,
                               l.cpu_b, l.rtt_ns);
+  if (!l.error.empty()) s += fmt::format("Not measured to the end: {}.\n\n", l.error);
   s += "| bytes | local memcpy (us) | GB/s | copy of peer-written data (us) | GB/s | both CPUs at once: peer's + own block, faster of regular and streaming stores (us) | GB/s per CPU |\n"
        "|---:|---:|---:|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < l.local.size() && i < l.peer.size(); ++i) {

@@ -40,9 +40,16 @@ struct Limits {
   // (wire.hpp), and what the transport is.
   std::vector<CopyPoint> wire;
   std::string wire_path;
+  // Set when the measurement could not finish (its helper process died or
+  // stopped answering); what was measured before is kept.
+  std::string error;
 };
 
 // Forks a helper pinned to cpu_b; this process is pinned to cpu_a meanwhile.
+// Neither spins on without the other: the helper dies with this process
+// (PR_SET_PDEATHSIG) and gives up when it is gone; this process gives up,
+// kills the helper and says so in Limits::error when the helper is gone or
+// the measurement outlasts its deadline.
 Limits measure_limits(const std::vector<size_t>& sizes, int cpu_a, int cpu_b);
 
 // Time for one copy of `bytes`, interpolated log-log between measured sizes
