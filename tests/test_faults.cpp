@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <fmt/format.h>
@@ -157,6 +159,51 @@ std::string dead_rank_name(const ::testing::TestParamInfo<std::tuple<int, int>>&
 
 INSTANTIATE_TEST_SUITE_P(Faults, DeadRank, ::testing::Combine(::testing::Values(2, 4, 6), ::testing::Values(0, 1, 2)),
                          dead_rank_name);
+
+// A peer stopped (SIGSTOP) for 10 s and then continued is slow, not lost:
+// with the default timeout (Config's own, 10 minutes) the call completes,
+// and the waiting rank said whom it waited for while it was stopped.
+TEST(Stall, APeerStoppedForTenSecondsIsReportedNotFailed) {
+  const std::string log = fmt::format("/tmp/fg-stall-{}.log", ::getpid());
+  const Config defaults;
+  fgtest::JobOptions opt;
+  opt.timeout = defaults.timeout;
+  auto results = fgtest::run_job(2, [&](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    RANK_OK(gather_bytes(g, 1000));
+    if (c.rank == 1) {
+      // A helper continues this rank 10 s after it stopped itself.
+      const pid_t me = ::getpid();
+      if (::fork() == 0) {
+        std::this_thread::sleep_for(10s);
+        ::kill(me, SIGCONT);
+        ::_exit(0);
+      }
+      ::raise(SIGSTOP);
+    } else {
+      RANK_CHECK(std::freopen(log.c_str(), "w", stderr) != nullptr, "cannot send stderr to {}", log);
+    }
+    const auto t0 = Clock::now();
+    RANK_OK(gather_bytes(g, 1000));
+    if (c.rank == 0) {
+      RANK_CHECK(ms_since(t0) > 9000, "rank 1 was stopped for 10 s, the call took {:.0f} ms", ms_since(t0));
+      std::fflush(stderr);
+      std::ifstream f(log);
+      const std::string said((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      RANK_CHECK(said.find("fastgather: still waiting after") != std::string::npos &&
+                     said.find("rank 1 did not arrive") != std::string::npos &&
+                     said.find("rank 0 waiting at step") != std::string::npos,
+                 "no report of the wait on stderr: '{}'", said);
+      std::printf("while rank 1 was stopped, rank 0 said:\n%s", said.c_str());
+      std::fflush(stdout);
+    }
+    return "";
+  }, opt);
+  std::remove(log.c_str());
+  fgtest::expect_all_ok(results);
+}
 
 TEST(Stall, SlowRankIsNoErrorMissingRankTimesOut) {
   fgtest::JobOptions opt;

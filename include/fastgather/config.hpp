@@ -26,7 +26,7 @@ struct Config {
   int server_index = 0;  // SERVER_INDEX
   // A peer that has not arrived after this long fails the call (0: wait forever).
   // A peer whose process has died is detected within ~10 ms regardless.
-  std::chrono::milliseconds timeout{5000};
+  std::chrono::milliseconds timeout{600'000};
   std::string token;  // FG_TOKEN: every rank must present the same one to the store
   // Names the job's shared-memory segments (1 to 64 of [0-9A-Za-z_]), so that
   // a spawner can remove what its ranks left; empty: rank 0 makes one up.

@@ -25,7 +25,7 @@ struct LaunchPlan {
   int server_index = 0;
   std::string master_addr = "127.0.0.1";  // the same fields, spelled as in Config
   int master_port = 29500;
-  std::chrono::milliseconds timeout{5000};
+  std::chrono::milliseconds timeout{600'000};
   std::string token;
   std::string job_id;  // Config::job_id of every rank (run_local_ranks sets one)
 

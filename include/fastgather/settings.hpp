@@ -46,6 +46,9 @@ struct Settings {
   // used (FG_HIER_MIN_BYTES), and the largest UCX message (FG_NET_PIECE_BYTES).
   size_t hier_min_bytes = size_t{64} << 10;
   size_t net_piece_bytes = size_t{1} << 20;
+  // A rank that has waited this long in one wait says on stderr whom it
+  // waits for and where, and again at growing intervals (FG_REPORT_MS; 0: never).
+  std::chrono::milliseconds report_after{5000};
 
   // The defaults with every FG_* variable that is set applied; an error
   // names the first variable whose value is not accepted.

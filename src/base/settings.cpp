@@ -46,6 +46,9 @@ Result<Settings> Settings::from_environment() {
   }
   if (Status st = read_us("FG_SPIN_US", &s.spin); !st.ok()) return st;
   if (Status st = read_us("FG_YIELD_US", &s.yield); !st.ok()) return st;
+  uint64_t report_ms = static_cast<uint64_t>(s.report_after.count());
+  if (Status st = read_count("FG_REPORT_MS", &report_ms); !st.ok()) return st;
+  s.report_after = std::chrono::milliseconds(report_ms);
   auto copy_in = base::env_word("FG_COPY_IN");
   if (!copy_in.ok()) return copy_in.status();
   if (copy_in.value()) s.copy_in = *copy_in.value() == "cached" ? CopyIn::kCached : CopyIn::kStreaming;
@@ -74,6 +77,7 @@ Status Settings::validate() const {
   }
   if (Status s = in_range("FG_PIPELINE_BYTES", pipeline_bytes, true); !s.ok()) return s;
   if (Status s = in_range("FG_STREAM_OUT_BYTES", stream_out_bytes, true); !s.ok()) return s;
+  if (Status s = in_range("FG_REPORT_MS", static_cast<uint64_t>(report_after.count())); !s.ok()) return s;
   if (spin) {
     if (Status s = in_range("FG_SPIN_US", static_cast<uint64_t>(spin->count())); !s.ok()) return s;
   }
@@ -104,10 +108,10 @@ std::string Settings::describe() const {
   return fmt::format(
       "FG_RING_BYTES={} FG_PIPELINE_BYTES={} FG_SYMMETRIC_BYTES={} FG_STREAM_OUT_BYTES={} FG_COPY_IN={} "
       "FG_SINGLE_COPY={} FG_SINGLE_COPY_MIN_BYTES={} FG_FUSED_GEMM={} FG_SPIN_US={} FG_YIELD_US={} "
-      "FG_HIER_MIN_BYTES={} FG_NET_PIECE_BYTES={}",
+      "FG_HIER_MIN_BYTES={} FG_NET_PIECE_BYTES={} FG_REPORT_MS={}",
       ring_bytes, effective_pipeline_bytes(), symmetric_bytes, effective_stream_out_bytes(), copy, single,
       single_copy_min_bytes, fused_gemm == FusedGemm::kAuto ? "auto" : "openblas", us(spin), us(yield), hier_min_bytes,
-      net_piece_bytes);
+      net_piece_bytes, report_after.count());
 }
 
 }  // namespace fastgather

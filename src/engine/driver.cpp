@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <new>
 #include <vector>
@@ -79,10 +80,25 @@ Driver::Driver(Task<Status> op, DriveOptions options) : op_(std::move(op)), opt_
 void Driver::suspended(Waiter* w) {
   current_ = w;
   wait_began_ = Clock::now();
+  next_report_ = opt_.policy.report;
   if (!deadline_set_) {
     deadline_set_ = true;
     if (opt_.policy.timeout.count() > 0) deadline_ = wait_began_ + opt_.policy.timeout;
   }
+}
+
+// A long wait is news before it is an error: whom this rank waits for and
+// where, as the timeout would say it, with how long it has waited. Then at
+// twice the time, and so on, at least once a minute.
+void Driver::report(Clock::duration waited) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited);
+  const Status s = current_->timed_out(ms);
+  const std::string left = opt_.policy.timeout.count() > 0
+                               ? fmt::format("the call fails at {} ms", opt_.policy.timeout.count())
+                               : std::string("no timeout");
+  std::fprintf(stderr, "fastgather: still waiting after %.1f s: %s; %s\n", static_cast<double>(ms.count()) / 1e3,
+               s.message().c_str(), left.c_str());
+  next_report_ = std::min<Clock::duration>(2 * next_report_, next_report_ + std::chrono::minutes(1));
 }
 
 void Driver::finish() {
@@ -117,7 +133,10 @@ bool Driver::round(Clock::duration waited) {
     why = w.check();
   }
   if (why.ok() && Clock::now() > deadline_) why = w.timed_out(opt_.policy.timeout);
-  if (why.ok()) return false;
+  if (why.ok()) {
+    if (opt_.policy.report.count() > 0 && waited >= next_report_) report(waited);
+    return false;
+  }
   w.error = w.fail(why);
   return true;
 }

@@ -105,6 +105,7 @@ class Driver {
   // and abort. Ends the current wait with an error when there is one.
   // Returns true when the wait ended (ready or failed).
   bool round(Clock::duration waited);
+  void report(Clock::duration waited);
   void finish();
 
   Task<Status> op_;
@@ -112,6 +113,7 @@ class Driver {
   Waiter* current_ = nullptr;
   Clock::time_point wait_began_{};
   Clock::time_point deadline_ = Clock::time_point::max();
+  Clock::duration next_report_{};  // of the current wait
   bool deadline_set_ = false;
   bool started_ = false;
   bool done_ = false;

@@ -14,6 +14,7 @@ WaitPolicy WaitPolicy::for_members(int members, std::chrono::milliseconds timeou
     p.spin = std::chrono::microseconds(2);
     p.yield = std::chrono::microseconds(50);
   }
+  p.report = settings.report_after;
   if (settings.spin) p.spin = *settings.spin;
   if (settings.yield) p.yield = *settings.yield;
   return p;

@@ -12,7 +12,10 @@ namespace fastgather::transport {
 struct WaitPolicy {
   std::chrono::nanoseconds spin{20'000};
   std::chrono::nanoseconds yield{200'000};
-  std::chrono::milliseconds timeout{5000};  // per operation; 0: never
+  std::chrono::milliseconds timeout{600'000};  // per operation; 0: never
+  // A wait that has lasted this long is reported on stderr (whom it waits
+  // for, and where), and again at growing intervals; 0: never.
+  std::chrono::milliseconds report{5000};
   // One sleep on the futex before health and deadline are checked again; a
   // post wakes the sleeper at once, so this bounds only how soon a death or
   // the deadline is noticed.

@@ -39,6 +39,7 @@ MUTATIONS=(
   "a member that fails building a group tells nobody|src/core/communicator.cpp|s/    if \(!heard\) \{/    if (false) {/|test_faults|Groups/MemberCannotMap.*/0"
   "Config::settings is ignored for the environment's|src/core/communicator.cpp|s/  if \(config\.settings\) \{/  if (false) {/|test_settings|Settings.ConfigSettingsWin*"
   "fg-bench's limits helper outlives the process that measures|tools/fg-bench/limits.cpp|s/::prctl\(PR_SET_PDEATHSIG, SIGKILL\);//; s/if \(is_parent_\) return ::getppid\(\) == pid_;/if (is_parent_) return true;/|test_bench|FgBench.KilledDuringItsLimitsMeasurementItLeavesNoProcess"
+  "a long wait is not reported|src/engine/driver.cpp|s/if \(opt_\.policy\.report\.count\(\) > 0 && waited >= next_report_\) report\(waited\);//|test_faults|Stall.APeerStoppedForTenSecondsIsReportedNotFailed"
   "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/i == 0 && peer < local_\.members\(\)/i < 0 \&\& peer < local_.members()/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
 )
 
