@@ -252,6 +252,53 @@ TEST(Spawner, ALocalStrangerCannotJoinOrStopAJob) {
   if (!root) GTEST_SKIP() << "the stranger of another uid needs root to run; same-uid strangers were refused";
 }
 
+// Two one-server jobs started at once without PORT each take a free port of
+// their own (the spawner's listening socket, handed to rank 0): both complete,
+// on different ports, whoever holds the default one. (Before: both took
+// 29500, and the second failed or was refused.)
+TEST(Spawner, TwoJobsWithoutAPortEachTakeAFreeOne) {
+  int ports[2];
+  ASSERT_EQ(::pipe(ports), 0);
+  std::vector<pid_t> jobs;
+  for (int j = 0; j < 2; ++j) {
+    std::fflush(nullptr);
+    pid_t job = ::fork();
+    if (job == 0) {
+      LaunchPlan plan;  // no master_port: PORT unset
+      plan.dp = 2;
+      ::_exit(run_local_ranks(plan, [&](const Config& c) {
+        if (c.rank == 0) (void)!::write(ports[1], &c.master_port, sizeof(int));
+        auto comm = Communicator::create(c);
+        if (!comm.ok()) {
+          std::fprintf(stderr, "rank %d: %s\n", c.rank, comm.status().to_string().c_str());
+          return 20;
+        }
+        for (int i = 0; i < 200; ++i) {
+          if (!barrier((*comm)->world()).ok()) return 21;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        return 0;
+      }));
+    }
+    jobs.push_back(job);
+  }
+  ::close(ports[1]);
+  int got[2] = {0, 0};
+  ASSERT_EQ(::read(ports[0], &got[0], sizeof(int)), static_cast<ssize_t>(sizeof(int)));
+  ASSERT_EQ(::read(ports[0], &got[1], sizeof(int)), static_cast<ssize_t>(sizeof(int)));
+  ::close(ports[0]);
+  for (pid_t job : jobs) {
+    int st = 0;
+    ASSERT_EQ(::waitpid(job, &st, 0), job);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "a job failed: status " << st;
+  }
+  EXPECT_NE(got[0], got[1]);
+  for (int p : got) {
+    EXPECT_GT(p, 0);
+    EXPECT_NE(p, LaunchPlan::kDefaultPort);
+  }
+}
+
 // Something else holds the port and accepts connections but never answers:
 // the rank says so within seconds instead of waiting the whole timeout, and
 // rank 0 says it cannot listen.

@@ -28,7 +28,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"algo", {"base", "transport", "engine"}},
     {"core", {"base", "bootstrap", "transport", "engine", "algo"}},
     {"ops", {"base", "transport", "engine", "algo", "core"}},
-    {"launch", {"base", "transport"}},
+    {"launch", {"base", "bootstrap", "transport"}},
 };
 // Public header -> the layer that implements it ("" for the umbrella header,
 // which only the top may include). Every header in include/fastgather is here.

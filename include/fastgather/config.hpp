@@ -28,6 +28,10 @@ struct Config {
   // A peer whose process has died is detected within ~10 ms regardless.
   std::chrono::milliseconds timeout{600'000};
   std::string token;  // FG_TOKEN: every rank must present the same one to the store
+  // A listening socket on master_port that world rank 0's store uses (a copy
+  // of it) instead of binding the port itself: a spawner that chose a free
+  // port keeps it for the job this way. -1: none.
+  int store_listen_fd = -1;
   // Names the job's shared-memory segments (1 to 64 of [0-9A-Za-z_]), so that
   // a spawner can remove what its ranks left; empty: rank 0 makes one up.
   std::string job_id;

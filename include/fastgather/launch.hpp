@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "fastgather/config.hpp"
@@ -24,7 +25,13 @@ struct LaunchPlan {
   int servers = 1;
   int server_index = 0;
   std::string master_addr = "127.0.0.1";  // the same fields, spelled as in Config
-  int master_port = 29500;
+  // 0: not given (PORT unset). A spawner that starts every rank of the job
+  // (one server) then takes any free port, so that two jobs on one machine
+  // never meet on one; ranks started by another launcher, or several
+  // servers, need one port all know: kDefaultPort.
+  int master_port = 0;
+  static constexpr int kDefaultPort = 29500;
+  int port() const { return master_port != 0 ? master_port : kDefaultPort; }
   std::chrono::milliseconds timeout{600'000};
   std::string token;
   std::string job_id;  // Config::job_id of every rank (run_local_ranks sets one)
@@ -43,6 +50,10 @@ struct LaunchPlan {
 // Every environment variable fastgather reads: name, what it accepts, meaning
 // and default, one a line (all are checked before anything is forked).
 std::string environment_help();
+
+// A TCP port that is free on addr now (for PORT, where another launcher
+// starts the ranks and they cannot be handed a socket); nullopt if none.
+std::optional<int> free_tcp_port(const std::string& addr);
 
 // A fresh random secret for FG_TOKEN / LaunchPlan::token (128 bits, hex).
 std::string new_job_secret();

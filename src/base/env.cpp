@@ -22,7 +22,7 @@ constexpr EnvVar kTable[] = {
     {"SERVER_INDEX", K::kCount, 0, 4095, "", "0; unset with SERVER_NUM > 1 in fg-bench: simulate every server here",
      "this server"},
     {"MASTER_IP", K::kText, 0, 0, "", "127.0.0.1", "host of the rendezvous store (rank 0): an address or a host name"},
-    {"PORT", K::kCount, 1, 65535, "", "29500", "TCP port of the rendezvous store"},
+    {"PORT", K::kCount, 1, 65535, "", "unset: one server, a free port of the spawner's choice; else 29500", "TCP port of the rendezvous store"},
     {"FG_TIMEOUT_MS", K::kCount, 0, 86'400'000, "", "600000 (10 minutes)", "a peer that does not arrive in this time fails the call (0: never); a dead one is found at once"},
     {"FG_REPORT_MS", K::kCount, 0, 86'400'000, "", "5000", "a rank waiting this long says whom it waits for, again at growing intervals (0: never)"},
     {"FG_TOKEN", K::kText, 0, 0, "", "empty (one server: a secret of the spawner's own)", "job secret every rank must present to the store"},

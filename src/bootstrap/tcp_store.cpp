@@ -245,30 +245,49 @@ struct TcpStoreServer::State {
   std::atomic<size_t> stranger_bytes{0};
 };
 
+Result<int> listen_on(const std::string& addr, int port) {
+  auto where = resolve_store_address(addr, port);
+  if (!where.ok()) return where.status();
+  const sockaddr_storage sa = where.value().first;
+  const socklen_t sa_len = where.value().second;
+  const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return sys_error("store socket");
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sa_len) != 0 || ::listen(fd, 256) != 0) {
+    Status e = sys_error(fmt::format("rendezvous store cannot listen on {}:{}", addr, port));
+    ::close(fd);
+    return e;
+  }
+  return fd;
+}
+
+int bound_port(int listen_fd) {
+  sockaddr_storage sa{};
+  socklen_t len = sizeof(sa);
+  if (::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return 0;
+  return ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+}
+
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& addr, int port,
-                                                              StoreAdmission admission) {
+                                                              StoreAdmission admission, int listen_fd) {
   std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
   s->state_ = std::make_unique<State>();
   State& st = *s->state_;
   st.admission = std::move(admission);
-  auto where = resolve_store_address(addr, port);
-  if (!where.ok()) return where.status();
-  sockaddr_storage sa = where.value().first;
-  socklen_t sa_len = where.value().second;
-  st.listen_fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (st.listen_fd < 0) return sys_error("store socket");
-  int one = 1;
-  ::setsockopt(st.listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(st.listen_fd, reinterpret_cast<sockaddr*>(&sa), sa_len) != 0 ||
-      ::listen(st.listen_fd, 256) != 0) {
-    Status e = sys_error(fmt::format("rendezvous store cannot listen on {}:{}", addr, port));
-    ::close(st.listen_fd);
-    return e;
+  if (listen_fd >= 0) {
+    // The caller's socket (a spawner's): ours is a copy, so that the
+    // caller's stays open for the next communicator of the same job.
+    st.listen_fd = ::fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
+    if (st.listen_fd < 0) return sys_error("the rendezvous socket handed to rank 0");
+    ::fcntl(st.listen_fd, F_SETFL, ::fcntl(st.listen_fd, F_GETFL) | O_NONBLOCK);
+  } else {
+    auto fd = listen_on(addr, port);
+    if (!fd.ok()) return fd.status();
+    st.listen_fd = fd.value();
   }
-  socklen_t len = sizeof(sa);
-  ::getsockname(st.listen_fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  s->port_ = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
-                                            : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+  s->port_ = bound_port(st.listen_fd);
   st.wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   s->thread_ = std::thread([srv = s.get()] { srv->loop(); });
   return s;

@@ -84,10 +84,17 @@ constexpr int kMaxStoreRanks = 1 << 20;
 constexpr size_t kMaxHello = 4 + 5 + 2 * (4 + kMaxKey);
 constexpr size_t kMaxStrangers = 128;
 
+// A listening TCP socket on addr:port (port 0: one the kernel picks; see
+// bound_port), as the store listens.
+Result<int> listen_on(const std::string& addr, int port);
+int bound_port(int listen_fd);
+
 class TcpStoreServer {
  public:
-  // Listens on addr:port (port 0 picks one; see port()).
-  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& addr, int port, StoreAdmission admission);
+  // Listens on addr:port (port 0 picks one; see port()), or on a copy of
+  // listen_fd when one is given (a spawner's socket; see Config).
+  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& addr, int port, StoreAdmission admission,
+                                                       int listen_fd = -1);
   ~TcpStoreServer();
   int port() const { return port_; }
   // Waits until `joined` ranks have said HELLO at some time and every one of

@@ -354,7 +354,8 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config,
       }
       bootstrap::StoreAdmission admission;
       admission.token = config.token;
-      auto server = bootstrap::TcpStoreServer::start(config.master_addr, config.master_port, std::move(admission));
+      auto server = bootstrap::TcpStoreServer::start(config.master_addr, config.master_port, std::move(admission),
+                                                     config.store_listen_fd);
       if (!server.ok()) return server.status();
       impl->server = std::move(server).value();
     }

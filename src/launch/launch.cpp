@@ -24,6 +24,7 @@
 
 #include "fastgather/launch.hpp"
 #include "base/env.hpp"
+#include "bootstrap/tcp_store.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace fastgather {
@@ -107,7 +108,7 @@ Status LaunchPlan::validate() const {
     return bad(fmt::format("SERVER_INDEX={} is outside 0..{}", server_index, servers - 1));
   }
   if (master_addr.empty()) return bad("the rendezvous host (MASTER_IP, --master) is empty");
-  if (master_port < 1 || master_port > 65535) {
+  if (master_port < 0 || master_port > 65535) {
     return bad(fmt::format("PORT={} is not a TCP port every rank can find (1..65535)", master_port));
   }
   if (timeout.count() < 0) return bad(fmt::format("FG_TIMEOUT_MS={} must be 0 (never) or more", timeout.count()));
@@ -124,7 +125,7 @@ Config LaunchPlan::config_for_rank(int rank) const {
   c.rank = rank;
   c.world_size = world_size();
   c.master_addr = master_addr;
-  c.master_port = master_port;
+  c.master_port = port();
   c.servers = servers;
   c.server_index = server_index;
   c.timeout = timeout;
@@ -292,6 +293,14 @@ int run_processes(int count, const std::function<int(int index)>& body, const Pr
 
 std::string environment_help() { return base::describe_environment(); }
 
+std::optional<int> free_tcp_port(const std::string& addr) {
+  auto fd = bootstrap::listen_on(addr, 0);
+  if (!fd.ok()) return std::nullopt;
+  const int port = bootstrap::bound_port(fd.value());
+  ::close(fd.value());
+  return port != 0 ? std::optional<int>(port) : std::nullopt;
+}
+
 std::string new_job_secret() {
   // 128 bits from the kernel's generator.
   unsigned char bytes[16];
@@ -337,6 +346,19 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   const std::string job = fmt::format("{:08x}{:08x}", rd(), rd());
   LaunchPlan p = plan;
   p.job_id = job;  // handed to the ranks in their Config, as the token is
+  // All ranks are ours and no port was asked for: any free one, taken now
+  // and handed to rank 0's store as the listening socket itself (no other
+  // job can take it in between), its number to the others in their Config.
+  int listen_fd = -1;
+  if (p.servers == 1 && p.master_port == 0) {
+    auto fd = bootstrap::listen_on(p.master_addr, 0);
+    if (!fd.ok()) {
+      std::fprintf(stderr, "fastgather: %s\n", fd.status().to_string().c_str());
+      return 2;
+    }
+    listen_fd = fd.value();
+    p.master_port = bootstrap::bound_port(listen_fd);
+  }
   // All ranks are ours: a secret of our own, handed to them in memory (fork)
   // and never written anywhere another user can read, keeps everyone else
   // out of the store: another job that finds the same port, and a local
@@ -354,8 +376,14 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   po.first_label = first;
   po.in_child = [&](int i) {
     if (bind) bind_to_cpu(by_world_rank ? first + i : i);
+    if (listen_fd >= 0 && first + i != 0) ::close(listen_fd);  // rank 0's alone
   };
-  const int rc = run_processes(local, [&](int i) { return body(p.config_for_rank(first + i)); }, po);
+  const int rc = run_processes(local, [&](int i) {
+    Config c = p.config_for_rank(first + i);
+    if (c.rank == 0) c.store_listen_fd = listen_fd;
+    return body(c);
+  }, po);
+  if (listen_fd >= 0) ::close(listen_fd);
   transport::ShmSegment::sweep_job(job);
   return rc;
 }

@@ -40,6 +40,7 @@ MUTATIONS=(
   "Config::settings is ignored for the environment's|src/core/communicator.cpp|s/  if \(config\.settings\) \{/  if (false) {/|test_settings|Settings.ConfigSettingsWin*"
   "fg-bench's limits helper outlives the process that measures|tools/fg-bench/limits.cpp|s/::prctl\(PR_SET_PDEATHSIG, SIGKILL\);//; s/if \(is_parent_\) return ::getppid\(\) == pid_;/if (is_parent_) return true;/|test_bench|FgBench.KilledDuringItsLimitsMeasurementItLeavesNoProcess"
   "a long wait is not reported|src/engine/driver.cpp|s/if \(opt_\.policy\.report\.count\(\) > 0 && waited >= next_report_\) report\(waited\);//|test_faults|Stall.APeerStoppedForTenSecondsIsReportedNotFailed"
+  "a one-server spawner without PORT takes the default port|src/launch/launch.cpp|s/if \(p\.servers == 1 && p\.master_port == 0\)/if (false)/|test_jobs|Spawner.TwoJobsWithoutAPortEachTakeAFreeOne"
   "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/i == 0 && peer < local_\.members\(\)/i < 0 \&\& peer < local_.members()/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
 )
 

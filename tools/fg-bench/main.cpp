@@ -65,7 +65,11 @@ void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan, bo
   ::setenv(kReexecMarker, "1", 1);
   ::setenv("TP", std::to_string(plan.tp).c_str(), 1);
   ::setenv("DP", std::to_string(plan.dp).c_str(), 1);
-  ::setenv("PORT", std::to_string(plan.master_port).c_str(), 1);
+  // mpirun starts the ranks: they need one port they all know, and one
+  // secret (every process of this user may read our environment; no one else).
+  const int port = plan.master_port != 0 ? plan.master_port : free_tcp_port(plan.master_addr).value_or(plan.port());
+  ::setenv("PORT", std::to_string(port).c_str(), 1);
+  if (std::getenv("FG_TOKEN") == nullptr) ::setenv("FG_TOKEN", new_job_secret().c_str(), 1);
   ::setenv("MASTER_IP", plan.master_addr.c_str(), 1);
   ::setenv("FG_TIMEOUT_MS", std::to_string(plan.timeout.count()).c_str(), 1);
   std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "-np", std::to_string(plan.world_size()),
