@@ -303,14 +303,27 @@ Communicator* g_comm = nullptr;
 void on_sigusr1(int) { g_comm->abort(); }
 }  // namespace
 
-// abort() from a signal handler (what a SIGTERM handler of a training job does).
+// abort() from a signal handler (what a SIGTERM handler of a training job
+// does): the blocked call ends Aborted - not PeerLost, which the peer's exit
+// would produce anyway, so the peer stays until the checks are done - and
+// the peer, whose next call waits on this rank, learns of the abort through
+// the group's shared memory (abort_now: no lock, no allocation), not of a
+// death or a timeout.
 TEST(Abort, FromASignalHandler) {
   fgtest::JobOptions o;
   o.timeout = 30000ms;
   fgtest::expect_all_ok(on_world(2, [](const Config& c, Communicator& comm, Group& g) -> std::string {
     if (c.rank == 1) {
-      std::this_thread::sleep_for(1s);
-      return "";  // leaves without calling: rank 0 would wait 30 s
+      std::this_thread::sleep_for(1500ms);  // rank 0 is aborted meanwhile
+      // Rank 0 had posted its bytes before it was aborted: this call may complete.
+      Status first = fgtest::gather_bytes(g, 1 << 16);
+      RANK_CHECK(first.ok() || first.kind() == ErrorKind::kPeerLost, "{}", first.to_string());
+      const auto t0 = Clock::now();
+      Status s = fgtest::gather_bytes(g, 1 << 16);  // rank 0 will never post this one
+      RANK_CHECK(s.kind() == ErrorKind::kPeerLost && s.message().find("rank 0 aborted the group") != std::string::npos,
+                 "{}", s.to_string());
+      RANK_CHECK(ms_since(t0) < 5000, "took {} ms to learn of the abort", ms_since(t0));
+      return "";
     }
     g_comm = &comm;
     struct sigaction sa {};
@@ -324,10 +337,36 @@ TEST(Abort, FromASignalHandler) {
     const auto t0 = Clock::now();
     Status s = fgtest::gather_bytes(g, 1 << 16);
     sender.join();
-    RANK_CHECK(s.kind() == ErrorKind::kAborted || s.kind() == ErrorKind::kPeerLost, "{}", s.to_string());
-    RANK_CHECK(ms_since(t0) < 10000, "took {} ms", ms_since(t0));
+    RANK_CHECK(s.kind() == ErrorKind::kAborted, "{}", s.to_string());
+    RANK_CHECK(ms_since(t0) < 1400, "took {} ms: the abort, not rank 1's later call, ended it", ms_since(t0));
+    std::this_thread::sleep_for(3s);  // alive while rank 1 learns: not a death
     return "";
   }, o));
+}
+
+// test() alone, never wait(), notices a peer that died and the call's
+// deadline: it returns true with that error, in bounded time.
+TEST(Requests, TestAloneNoticesADeadPeerAndTheDeadline) {
+  for (bool dies : {true, false}) {
+    fgtest::JobOptions o;
+    o.timeout = dies ? 30000ms : 800ms;
+    fgtest::expect_all_ok(on_world(2, [&](const Config& c, Communicator&, Group& g) -> std::string {
+      if (c.rank == 1) {
+        std::this_thread::sleep_for(dies ? 300ms : 3000ms);
+        if (dies) ::_exit(0);  // without a word
+        return "";
+      }
+      Tensor in = Tensor::zeros(DType::kU8, {4096}), out = Tensor::zeros(DType::kU8, {8192});
+      Request req = start_all_gather(g, in.view(), out.view());
+      const auto t0 = Clock::now();
+      while (!req.test()) {
+        RANK_CHECK(ms_since(t0) < 10000, "test() has not noticed the {} after 10 s", dies ? "dead peer" : "deadline");
+      }
+      Status s = req.wait();
+      RANK_CHECK(s.kind() == (dies ? ErrorKind::kPeerLost : ErrorKind::kTimeout), "{}", s.to_string());
+      return "";
+    }, o));
+  }
 }
 
 // finalize() completes what was started, says Ok when all was well, and may

@@ -97,3 +97,38 @@ TEST(Settings, ARangeErrorInConfigSettingsIsRefusedByName) {
   }, {.timeout = std::chrono::milliseconds(2000)});
   fgtest::expect_all_ok(results);
 }
+
+// The group's copy-in learner is wired into its calls: forced one way by the
+// settings, every ring call copies in that way; learning, the first calls at
+// a learned size try both ways (CallStats::streamed_in says which).
+TEST(CopyIn, TheGroupsLearnerDecidesHowEachCallCopiesIn) {
+  const int ports[3] = {fgtest::free_port(), fgtest::free_port(), fgtest::free_port()};
+  auto results = fgtest::run_job(2, [&](const Config& base) -> std::string {
+    for (auto way : {Settings::CopyIn::kStreaming, Settings::CopyIn::kCached, Settings::CopyIn::kLearned}) {
+      Config c = base;
+      Settings s;
+      s.copy_in = way;
+      s.single_copy = Settings::SingleCopy::kOff;  // the ring, where copy-in happens
+      c.settings = s;
+      c.master_port = ports[static_cast<int>(way)];  // a communicator per way, one after another
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      const int64_t bytes = 256 << 10;
+      Tensor in = Tensor::zeros(DType::kU8, {bytes}), out = Tensor::zeros(DType::kU8, {2 * bytes});
+      int streamed = 0, cached = 0;
+      for (int i = 0; i < 8; ++i) {
+        CallStats st;
+        RANK_OK(all_gather((*comm)->world(), in.view(), out.view(), {.stats = &st}));
+        (st.streamed_in ? streamed : cached)++;
+      }
+      if (way == Settings::CopyIn::kStreaming) RANK_CHECK(streamed == 8, "forced streaming, {} of 8 streamed", streamed);
+      if (way == Settings::CopyIn::kCached) RANK_CHECK(cached == 8, "forced cached, {} of 8 cached", cached);
+      if (way == Settings::CopyIn::kLearned) {
+        RANK_CHECK(streamed > 0 && cached > 0, "learning: {} streamed, {} cached of 8 (both ways are tried first)",
+                   streamed, cached);
+      }
+    }
+    return "";
+  });
+  fgtest::expect_all_ok(results);
+}

@@ -245,3 +245,21 @@ TEST(ShmSegment, CreatedPrivateAndGoneAfterDestruction) {
   auto v = fgtest::fg_segments();
   EXPECT_EQ(std::find(v.begin(), v.end(), name.substr(1)), v.end());
 }
+
+// Assigning one segment over another releases what the target held (its
+// name and mapping) and takes the other's, which stays usable.
+TEST(ShmSegment, MoveAssignmentReleasesTheTargetAndKeepsTheSource) {
+  auto a = ShmSegment::create(ShmSegment::segment_name("movetest", ::getpid(), 1), 8192);
+  auto b = ShmSegment::create(ShmSegment::segment_name("movetest", ::getpid(), 2), 4096);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::string a_name = a.value().name(), b_name = b.value().name();
+  a.value().data()[8191] = std::byte{7};
+  ShmSegment& target = b.value();
+  target = std::move(a).value();
+  auto v = fgtest::fg_segments();
+  EXPECT_EQ(std::find(v.begin(), v.end(), b_name.substr(1)), v.end()) << "the target's segment was not released";
+  EXPECT_NE(std::find(v.begin(), v.end(), a_name.substr(1)), v.end());
+  EXPECT_EQ(target.name(), a_name);
+  EXPECT_EQ(target.size(), 8192u);
+  EXPECT_EQ(target.data()[8191], std::byte{7});
+}

@@ -102,7 +102,7 @@ class Group {
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
-  struct Impl;  // internal (src/core/group_impl.hpp)
+  struct Impl;  // the library's own
 
  private:
   friend struct GroupAccess;  // the library's own code, not a user's

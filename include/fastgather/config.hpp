@@ -1,7 +1,7 @@
 // What a rank needs to join a job: its place in it, where the job meets, how
 // long it waits, its secret and settings. Plain data with the arithmetic of
 // the layout (which server holds which ranks), used by every layer from the
-// launcher up; implemented in src/base.
+// launcher up.
 #pragma once
 
 #include <chrono>

@@ -37,6 +37,9 @@ struct CallStats {
   double intra_ns = 0;        // the phase among members on this server (shared memory)
   double inter_ns = 0;        // the rest: waiting for other servers' bytes and relaying them
   bool single_copy = false;   // peers' blocks were read straight from their memory (CMA)
+  // This rank's block went into the shared-memory ring with streaming stores
+  // (learned per size as the faster way here, or Settings::copy_in).
+  bool streamed_in = false;
 };
 
 struct AllGatherOptions {

@@ -29,7 +29,6 @@ struct TensorView {
 
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
-  int64_t dim(size_t i) const { return i < shape.size() ? shape[i] : 1; }
   std::string describe() const;  // "f16[16, 3072]"
 };
 

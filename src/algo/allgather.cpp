@@ -17,9 +17,8 @@ namespace {
 
 // From this size a block in its owner's symmetric heap is read there, in
 // place, for one more round at the end ("done reading") instead of a copy
-// into the ring. Measured here (docs/benchmarks.md, "Symmetric inputs"):
-// 2 ranks, 1-2 KB took 0.6-1.1 us either way, 4-16 KB 0.7-1.1 us in place
-// against 0.7-1.4 us through the ring, 96 KB 2.7-3.9 against 6.4-6.5.
+// into the ring: below it the extra round costs what the copy saves
+// (docs/benchmarks.md, "Symmetric inputs").
 constexpr size_t kInPlaceMinBytes = 4 << 10;
 
 constexpr ProtocolRule kRules[] = {
@@ -211,11 +210,10 @@ engine::Task<Status> single_copy(transport::ShmChannel& ch, const GatherCall& ca
     Offer theirs{};
     std::memcpy(&theirs, ch.line(peer, step).inline_data, sizeof(theirs));
     std::byte* dst = (*call.landing)(peer);
-    // From the heap in pipeline steps (a quarter of L2): measured with 2
-    // ranks, 3 MB per rank was ahead of Open MPI in 4 runs of 4 (0.86-0.93x
-    // its time) this way, in 1 of 4 in 1 MiB pieces (benchmarks.md,
-    // "Pipelining the ring"). process_vm_readv keeps the larger pieces: in
-    // 256 KiB ones 1.5-3 MB took 10-40% longer.
+    // From the heap in pipeline steps (a quarter of L2), so that what was
+    // read is still in the cache when it is copied out; process_vm_readv
+    // keeps larger pieces, where each system call costs more than the cache
+    // saves (docs/benchmarks.md, "Pipelining the ring").
     const size_t step = theirs.in_heap != 0 ? pipeline_piece(ch, call.align) : piece;
     for (size_t off = 0; off < call.bytes; off += step) {
       const size_t len = std::min(step, call.bytes - off);
@@ -283,6 +281,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, PieceSin
   if (protocol == Protocol::kCopyInOut) chunk = pipeline_piece(ch, call.align);
   // How to copy into the ring: whichever has made whole calls faster here.
   const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
+  if (call.stats != nullptr) call.stats->streamed_in = how == CopyIn::kStreaming;
 
   // Sends `from` (call.bytes of it) in chunks, one lockstep step each, and
   // hands what arrives to take(peer, offset, src, len). The own block goes

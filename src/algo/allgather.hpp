@@ -47,6 +47,7 @@ struct GatherStats {
   // network message carries no header: the sender's call is unknown).
   bool headers_compared = false;
   bool single_copy = false;  // the server-local phase read peers' blocks by single copy
+  bool streamed_in = false;  // this member's block went into its ring with streaming stores
 };
 
 struct ProtocolRule {

@@ -1,10 +1,10 @@
 // How a member copies its bytes into its own ring, chosen by measurement.
 //
-// Regular stores are fastest when the peers' cores share a cache with ours
-// (96 KB in ~2 us), but when the host places the vCPUs far apart every line a
-// peer read earlier costs a cross-die invalidation (96 KB: 30-50 us measured).
-// Streaming (non-temporal) stores cost the same everywhere (~4 us, then the
-// peers read from memory). No static choice is right on a machine whose
+// Regular stores are fastest when the peers' cores share a cache with ours,
+// but when the host places the vCPUs far apart every line a peer read
+// earlier costs a cross-die invalidation, an order of magnitude more
+// (docs/benchmarks.md). Streaming (non-temporal) stores cost the same
+// everywhere (the peers then read from memory). No static choice is right on a machine whose
 // placement changes under us, so each group learns: per size class it keeps
 // the last whole-call times under each way, takes the one with the lower
 // median (a preempted call must not flip the choice), and tries the other
@@ -32,12 +32,9 @@ void copy_out(std::byte* dst, const std::byte* src, size_t len, bool streaming);
 // (FG_STREAM_OUT_BYTES), where the ranks' outputs and inputs together no
 // longer fit it. Beyond the cache, regular stores first read every output
 // line they write (read for ownership), and the output evicts what the peers
-// still read. Measured (docs/benchmarks.md, "Streaming stores for large
-// outputs"), 2 ranks: 12 MB per rank 1.4-2.2 ms with streaming stores
-// against 2.8-3.1 ms without, 24 MB 3.2-5.0 against 7.1, 6 MB ahead of Open
-// MPI in 4 runs of 4 with them and 2 of 4 without; 3 MB (6 MB of output)
-// 2.1-3.5x slower with them. 4 ranks on 2 cores: 3 MB 1.07-1.59 ms with,
-// 1.72-2.46 without.
+// still read; below it, regular stores keep the output in the cache for
+// whoever reads it next (docs/benchmarks.md, "Streaming stores for large
+// outputs", has the measurements on both sides of the threshold).
 bool streams_out(size_t output_bytes, const Settings& settings);
 
 class CopyInChooser {

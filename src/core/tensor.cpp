@@ -32,9 +32,9 @@ constexpr size_t kHugeFrom = size_t{1} << 20;  // rounded up to kHuge: padding i
 // A fresh mapping of `bytes` (a multiple of kHuge) on a kHuge boundary,
 // advised before anything touches it. Not from malloc: glibc hands large
 // blocks back from memory an earlier tensor already faulted in with 4 KiB
-// pages, which MADV_HUGEPAGE does not change - measured: after a sweep of
-// smaller sizes, a "huge" 1.5 MB tensor read by single copy took 134 us
-// instead of 61 us.
+// pages, which MADV_HUGEPAGE does not change, and single copy reads such a
+// tensor at about half the speed (docs/benchmarks.md, "huge pages and
+// single copy").
 void* map_huge(size_t bytes) {
   const size_t span = bytes + kHuge;
   void* m = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

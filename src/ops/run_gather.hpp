@@ -52,7 +52,7 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Pi
       case algo::Schedule::kDirect: typed = CallSchedule::kDirect; break;
       case algo::Schedule::kHierarchical: typed = CallSchedule::kHierarchical; break;
     }
-    *stats = {typed, st.intra_ns, st.inter_ns, st.single_copy};
+    *stats = {typed, st.intra_ns, st.inter_ns, st.single_copy, st.streamed_in};
   }
   co_return s;
 }

@@ -12,7 +12,7 @@
 //   of t-1 without a closing barrier (DeepSpeed/vLLM shm);
 // - data goes to the next free bytes of the member's ring, not to a fixed
 //   slot: writing over lines a peer read moments ago costs an invalidation
-//   per line (measured: 96 KB took 12-50 us instead of 2-8 us), so lines are
+//   per line (several times the copy itself: docs/benchmarks.md), so lines are
 //   reused only after the whole ring has gone round. A step takes at most a
 //   quarter of the ring, so it never overlaps the previous step's bytes, the
 //   only ones a peer may still be reading;

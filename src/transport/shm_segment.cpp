@@ -119,7 +119,7 @@ ShmSegment::ShmSegment(ShmSegment&& o) noexcept { *this = std::move(o); }
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
   if (this != &o) {
-    this->~ShmSegment();
+    release();  // what this one held; its members stay alive to take o's
     name_ = std::move(o.name_);
     addr_ = o.addr_;
     size_ = o.size_;
@@ -134,10 +134,13 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
   return *this;
 }
 
-ShmSegment::~ShmSegment() {
+ShmSegment::~ShmSegment() { release(); }
+
+void ShmSegment::release() {
   unlink();
   if (addr_ != nullptr && owns_map_) ::munmap(addr_, size_);
   addr_ = nullptr;
+  size_ = 0;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }

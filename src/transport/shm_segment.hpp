@@ -54,6 +54,7 @@ class ShmSegment {
  private:
   ShmSegment() = default;
   static void keep_or_close(ShmSegment& seg, int fd, Pages pages);
+  void release();  // unlinks (if it owns the name), unmaps, closes
   std::string name_;
   void* addr_ = nullptr;
   size_t size_ = 0;

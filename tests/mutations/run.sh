@@ -41,6 +41,9 @@ MUTATIONS=(
   "fg-bench's limits helper outlives the process that measures|tools/fg-bench/limits.cpp|s/::prctl\(PR_SET_PDEATHSIG, SIGKILL\);//; s/if \(is_parent_\) return ::getppid\(\) == pid_;/if (is_parent_) return true;/|test_bench|FgBench.KilledDuringItsLimitsMeasurementItLeavesNoProcess"
   "a long wait is not reported|src/engine/driver.cpp|s/if \(opt_\.policy\.report\.count\(\) > 0 && waited >= next_report_\) report\(waited\);//|test_faults|Stall.APeerStoppedForTenSecondsIsReportedNotFailed"
   "a one-server spawner without PORT takes the default port|src/launch/launch.cpp|s/if \(p\.servers == 1 && p\.master_port == 0\)/if (false)/|test_jobs|Spawner.TwoJobsWithoutAPortEachTakeAFreeOne"
+  "abort() does not reach the group's shared memory (the signal-safe path)|src/core/communicator.cpp|s/if \(transport::ShmChannel\* ch = slot\.load\(std::memory_order_acquire\)\) ch->abort_now\(\);//|test_engine|Abort.FromASignalHandler"
+  "test() alone never looks at the peers' health or the deadline|src/engine/driver.cpp|s/if \(!round\(Clock::now\(\) - wait_began_\)\) return false;/if (!round(Clock::duration::zero())) return false;/|test_engine|Requests.TestAloneNoticesADeadPeerAndTheDeadline"
+  "calls do not consult the group's copy-in learner|src/ops/collectives.cpp|s/call\.copy_in = &impl_of\(group\)->copy_in;/call.copy_in = nullptr;/g|test_settings|CopyIn.TheGroupsLearnerDecidesHowEachCallCopiesIn"
   "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/i == 0 && peer < local_\.members\(\)/i < 0 \&\& peer < local_.members()/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
 )
 
