@@ -215,6 +215,23 @@ Names& names() {
   return *n;
 }
 
+// What fastgather.set_settings() asked for: the backends made from then on
+// follow it; unset, each reads the environment (Settings::from_environment).
+struct PythonSettings {
+  std::mutex mu;
+  std::optional<fg::Settings> settings;
+};
+PythonSettings& python_settings() {
+  static PythonSettings* s = new PythonSettings;
+  return *s;
+}
+
+std::optional<fg::Settings> settings_for_new_backends() {
+  PythonSettings& s = python_settings();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.settings;
+}
+
 class ProcessGroupFastgather : public c10d::Backend {
  public:
   ProcessGroupFastgather(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -225,12 +242,14 @@ class ProcessGroupFastgather : public c10d::Backend {
     c.world_size = size;
     c.servers = 0;  // find the ranks that share this host
     c.timeout = timeout;
+    c.settings = settings_for_new_backends();
     auto comm = fg::Communicator::create(c, std::make_shared<C10dStore>(store));
     if (!comm.ok()) raise(comm.status());
     comm_ = std::move(comm).value();
     progress_ = std::thread([this] { progress_loop(); });
   }
   ~ProcessGroupFastgather() override { stop_progress(); }
+  const fg::Settings& settings() const { return live().settings(); }
   void release_resources() override {
     Names& n = names();
     std::lock_guard<std::mutex> lock(n.mu);
@@ -776,6 +795,67 @@ at::Tensor empty_bytes(ProcessGroupFastgather& pg, int64_t nbytes) {
   return at::from_blob(held->data(), {nbytes}, [held](void*) { delete held; }, at::TensorOptions().dtype(at::kByte));
 }
 
+// fastgather.set_settings(**kw): the environment's settings with these
+// overrides, checked, for the backends made from now on; no keyword: back to
+// the environment alone. Unknown names and wrong types are TypeError, values
+// out of range ValueError, each naming the setting.
+void set_settings(const py::kwargs& kw) {
+  if (kw.empty()) {
+    PythonSettings& ps = python_settings();
+    std::lock_guard<std::mutex> lock(ps.mu);
+    ps.settings.reset();
+    return;
+  }
+  auto base = fg::Settings::from_environment();
+  if (!base.ok()) raise(base.status());
+  fg::Settings s = base.value();
+  auto count = [](const std::string& name, py::handle v) -> uint64_t {
+    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
+      C10_THROW_ERROR(TypeError, "fastgather: set_settings: " + name + " takes an int, got " +
+                                     std::string(py::str(py::type::of(v))));
+    }
+    const auto x = v.cast<long long>();
+    TORCH_CHECK_VALUE(x >= 0, "fastgather: set_settings: ", name, "=", x, " is negative");
+    return static_cast<uint64_t>(x);
+  };
+  auto word = [](const std::string& name, py::handle v, std::initializer_list<const char*> words) -> int {
+    if (!py::isinstance<py::str>(v)) {
+      C10_THROW_ERROR(TypeError, "fastgather: set_settings: " + name + " takes a str, got " +
+                                     std::string(py::str(py::type::of(v))));
+    }
+    const std::string w = v.cast<std::string>();
+    int i = 0;
+    std::string all;
+    for (const char* x : words) {
+      if (w == x) return i;
+      all += (all.empty() ? "" : ", ") + std::string(x);
+      ++i;
+    }
+    C10_THROW_ERROR(ValueError, "fastgather: set_settings: " + name + "='" + w + "' is not one of " + all);
+  };
+  for (auto [key, value] : kw) {
+    const std::string k = py::str(key);
+    if (k == "ring_bytes") s.ring_bytes = count(k, value);
+    else if (k == "pipeline_bytes") s.pipeline_bytes = count(k, value);
+    else if (k == "symmetric_bytes") s.symmetric_bytes = count(k, value);
+    else if (k == "stream_out_bytes") s.stream_out_bytes = count(k, value);
+    else if (k == "single_copy_min_bytes") s.single_copy_min_bytes = count(k, value);
+    else if (k == "hier_min_bytes") s.hier_min_bytes = count(k, value);
+    else if (k == "net_piece_bytes") s.net_piece_bytes = count(k, value);
+    else if (k == "spin_us") s.spin = std::chrono::microseconds(count(k, value));
+    else if (k == "yield_us") s.yield = std::chrono::microseconds(count(k, value));
+    else if (k == "report_ms") s.report_after = std::chrono::milliseconds(count(k, value));
+    else if (k == "copy_in") s.copy_in = static_cast<fg::Settings::CopyIn>(word(k, value, {"learned", "cached", "streaming"}));
+    else if (k == "single_copy") s.single_copy = static_cast<fg::Settings::SingleCopy>(word(k, value, {"auto", "off", "always"}));
+    else if (k == "fused_gemm") s.fused_gemm = static_cast<fg::Settings::FusedGemm>(word(k, value, {"auto", "openblas"}));
+    else C10_THROW_ERROR(TypeError, "fastgather: set_settings: no setting named '" + k + "'");
+  }
+  if (fg::Status st = s.validate(); !st.ok()) raise(st);
+  PythonSettings& ps = python_settings();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  ps.settings = s;
+}
+
 c10::intrusive_ptr<c10d::Backend> create_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                  std::chrono::milliseconds timeout) {
   TORCH_CHECK_VALUE(store != nullptr, "fastgather: no store");
@@ -806,5 +886,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &create_backend, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>());
   m.def("comm_name", [](py::handle obj) { return ours(obj, "the backend")->comm_name(); });
+  m.def("set_settings", &set_settings);
+  m.def("settings_of", [](py::handle obj) { return ours(obj, "the backend")->settings().describe(); });
+  m.def("new_settings", [] {
+    if (auto s = settings_for_new_backends()) return s->describe();
+    auto env = fg::Settings::from_environment();
+    if (!env.ok()) raise(env.status());
+    return env.value().describe();
+  });
   m.def("empty_bytes", [](py::handle obj, int64_t nbytes) { return empty_bytes(*ours(obj, "the backend"), nbytes); });
 }

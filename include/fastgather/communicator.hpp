@@ -49,6 +49,8 @@ class Communicator {
   int rank() const;
   int size() const;
   const Config& config() const;
+  // What this communicator and its groups follow (Config::settings, or the environment's).
+  const Settings& settings() const;
   // How bytes move: "shared memory" on one server; with several, also the
   // UCX transports in use between servers (and whether they are simulated).
   std::string transport() const;

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["all_gather_base_mm", "empty", "get_comm_name", "transport", "backend_of", "BACKEND"]
+__all__ = ["all_gather_base_mm", "empty", "get_comm_name", "transport", "backend_of", "set_settings", "settings", "BACKEND"]
 
 BACKEND = "fastgather"
 
@@ -68,6 +68,27 @@ def get_comm_name(group, rank=None):
     """The name all_gather_base_mm takes as ``hcom`` (the role of get_hccl_comm_name)."""
     del rank  # one name per group in this process, whatever the rank
     return backend_of(group).get_comm_name()
+
+
+def set_settings(**settings):
+    """Settings for the fastgather groups created from now on in this process.
+
+    Each keyword overrides the environment's value (the FG_* variables of
+    ``fg-bench --help-env``): ``ring_bytes``, ``pipeline_bytes``,
+    ``symmetric_bytes``, ``stream_out_bytes``, ``single_copy_min_bytes``,
+    ``hier_min_bytes``, ``net_piece_bytes``, ``spin_us``, ``yield_us``,
+    ``report_ms`` (ints), ``copy_in`` ("learned", "cached", "streaming"),
+    ``single_copy`` ("auto", "off", "always"), ``fused_gemm`` ("auto",
+    "openblas"). With no keyword, groups read the environment alone again.
+    Every rank of a group must create it with the same settings. Unknown names
+    and wrong types raise TypeError, values out of range ValueError."""
+    _C.set_settings(**settings)
+
+
+def settings(group=None):
+    """The settings ``group`` follows, or those the next group will follow, as
+    "FG_RING_BYTES=... FG_PIPELINE_BYTES=... ..." (what FG_LOG_SETTINGS prints)."""
+    return _C.new_settings() if group is None else _C.settings_of(backend_of(group))
 
 
 def transport(group):

@@ -299,6 +299,7 @@ Status Communicator::Impl::finalize() {
 int Communicator::rank() const { return impl_->config.rank; }
 int Communicator::size() const { return impl_->config.world_size; }
 const Config& Communicator::config() const { return impl_->config; }
+const Settings& Communicator::settings() const { return impl_->settings; }
 Group& Communicator::world() { return *impl_->groups.front(); }
 
 bool Communicator::simulated_servers() const { return impl_->loopback; }

@@ -70,6 +70,10 @@ def test_symmetric_inputs_from_fastgather_empty(world):
     run_ranks(world, "symmetric")
 
 
+def test_settings_set_in_code_apply_to_the_groups_made_after():
+    run_ranks(2, "settings_in_code")
+
+
 def test_importing_twice_is_harmless():
     run_ranks(2, "import_twice")
 

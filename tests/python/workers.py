@@ -242,6 +242,35 @@ def symmetric(rank, world):
     dist.barrier(group=fg)
 
 
+def settings_in_code(rank, world):
+    """fastgather.set_settings: the groups created after it follow it (a heap of 0 bytes, a 64 KiB
+    ring: every byte right across many ring steps), earlier ones keep theirs; bad names, types and
+    values raise; set_settings() goes back to the environment."""
+    before = dist.new_group(list(range(world)), backend="fastgather")
+    fastgather.set_settings(ring_bytes=65536, symmetric_bytes=0, copy_in="streaming", report_ms=0)
+    check("FG_RING_BYTES=65536" in fastgather.settings(), fastgather.settings())
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    mine = fastgather.settings(fg)
+    check("FG_RING_BYTES=65536" in mine and "FG_SYMMETRIC_BYTES=0" in mine and "FG_COPY_IN=streaming" in mine, mine)
+    check("FG_RING_BYTES=4194304" in fastgather.settings(before), fastgather.settings(before))
+    shape = (300, 1031)  # 1.2 MB per rank: many steps of a 64 KiB ring
+    x = pattern(rank, torch.float32, shape)
+    flat = torch.empty((world * shape[0], shape[1]))
+    dist.all_gather_into_tensor(flat, x, group=fg)
+    check(same_bytes(flat, torch.cat([pattern(r, torch.float32, shape) for r in range(world)])), "bytes")
+    raises("unknown name", TypeError, lambda: fastgather.set_settings(ring_byte=65536))
+    raises("a str for a size", TypeError, lambda: fastgather.set_settings(ring_bytes="64k"))
+    raises("None for a size", TypeError, lambda: fastgather.set_settings(ring_bytes=None))
+    msg = raises("out of range", ValueError, lambda: fastgather.set_settings(ring_bytes=100))
+    check("FG_RING_BYTES=100" in msg, msg)
+    raises("an unknown word", ValueError, lambda: fastgather.set_settings(copy_in="fast"))
+    raises("negative", ValueError, lambda: fastgather.set_settings(net_piece_bytes=-1))
+    check("FG_RING_BYTES=65536" in fastgather.settings(), "a refused call changed the settings")
+    fastgather.set_settings()
+    check("FG_RING_BYTES=4194304" in fastgather.settings(), fastgather.settings())
+    dist.barrier(group=fg)
+
+
 def import_twice(rank, world):
     import importlib
     importlib.reload(fastgather)
