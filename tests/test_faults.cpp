@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -297,3 +298,71 @@ TEST_P(MemberCannotMap, TheOthersFailAtOnceWithItsReason) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, MemberCannotMap, ::testing::Values(0, 2));
+
+// A creator still filling a segment larger than the others' patience (the
+// issue's FG_RING_BYTES=1073741824 with 4 ranks, here 256 MiB and a 100 ms
+// timeout): the waiting ranks say what it was making - its size and the
+// setting - and the creator, when it gets there, fails with their reason
+// instead of saying nothing; nobody waits past a few seconds.
+TEST(Groups, ACreatorSlowerThanTheTimeoutIsNamedWithItsSegment) {
+  fgtest::JobOptions o;
+  o.timeout = 100ms;
+  const auto t0 = Clock::now();
+  auto results = fgtest::run_job(4, [](const Config& base) -> std::string {
+    Config c = base;
+    Settings s;
+    s.ring_bytes = size_t{256} << 20;
+    s.symmetric_bytes = 0;
+    c.settings = s;
+    auto comm = Communicator::create(c);
+    RANK_CHECK(!comm.ok(), "a 1 GiB segment was made and mapped within 100 ms");
+    const std::string& m = comm.status().message();
+    RANK_CHECK(m.find("rank 0 never created the group's segment (1025 MiB: 4 members x FG_RING_BYTES=268435456)") !=
+                   std::string::npos,
+               "the reason does not say what rank 0 was making: {}", m);
+    return "";
+  }, o);
+  fgtest::expect_all_ok(results);
+  EXPECT_LT(ms_since(t0), 20000);
+}
+
+// What a group costs (the 200 new_group calls, 8 MB each): its ring
+// (members x FG_RING_BYTES, populated) and a few file descriptors; nothing
+// that grows otherwise. 60 groups of 2 with a 64 KiB ring, RSS and fds
+// counted before and after.
+TEST(Groups, EachGroupCostsItsRingAndTwoDescriptors) {
+  auto results = fgtest::run_job(2, [](const Config& base) -> std::string {
+    Config c = base;
+    Settings s;
+    s.ring_bytes = 65536;
+    c.settings = s;
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    auto rss = [] {
+      long pages = 0, resident = 0;
+      FILE* f = std::fopen("/proc/self/statm", "r");
+      if (f != nullptr && std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      if (f != nullptr) std::fclose(f);
+      return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+    };
+    auto fds = [] {
+      int n = 0;
+      for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += e.is_symlink() ? 1 : 0;
+      return n;
+    };
+    const double rss0 = rss();
+    const int fd0 = fds();
+    constexpr int kGroups = 60;
+    for (int i = 0; i < kGroups; ++i) RANK_OK((*comm)->new_group({0, 1}).status());
+    const double per_group = (rss() - rss0) / kGroups;
+    const double per_fd = static_cast<double>(fds() - fd0) / kGroups;
+    if (c.rank == 0) {
+      std::printf("per group: %.0f KiB of RSS (ring: 2 x 64 KiB), %.2f fds\n", per_group / 1024, per_fd);
+      std::fflush(stdout);
+    }
+    RANK_CHECK(per_group < 2 * 65536 + (256 << 10), "{:.0f} bytes of RSS per group", per_group);
+    RANK_CHECK(per_fd <= 2.0, "{:.2f} descriptors per group", per_fd);
+    return "";
+  });
+  fgtest::expect_all_ok(results);
+}

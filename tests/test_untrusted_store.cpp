@@ -117,6 +117,12 @@ TEST(UntrustedStore, AJobIdThatIsAPathIsRefused) {
   expect_refused("job_id", constant("../../x"), "job_id", "not a job id");
 }
 
+// A worker address that is empty or outsized (UCX would unpack it blindly).
+TEST(UntrustedStore, AnEmptyOrOutsizedWorkerAddressIsRefused) {
+  expect_refused("/ucx/1", constant(""), "/ucx/1", "holds 0 bytes, not an address", 2, 2, /*victim=*/0);
+  expect_refused("/ucx/1", constant(std::string(100 << 10, 'a')), "/ucx/1", "holds 102400 bytes", 2, 2, 0);
+}
+
 // A spanning group's id (two simulated servers, UCX between them).
 TEST(UntrustedStore, AGroupIdThatIsNotANumberIsRefused) {
   expect_refused("/id", constant("zzz"), "/id", "zzz", /*world=*/2, /*servers=*/2);

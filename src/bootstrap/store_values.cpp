@@ -91,6 +91,13 @@ Result<std::optional<HeapValue>> parse_heap_value(std::string_view key, std::str
   return std::optional<HeapValue>{std::move(h)};
 }
 
+Status check_blob(std::string_view key, std::string_view value, size_t max) {
+  if (value.empty() || value.size() > max) {
+    return bad(fmt::format("store key '{}' holds {} bytes, not an address (1..{} bytes)", key, value.size(), max));
+  }
+  return Status::Ok();
+}
+
 std::string failure_value(const Status& why) { return "!" + encode_status(why); }
 
 std::optional<Status> failure_in(std::string_view value) {

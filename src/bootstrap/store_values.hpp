@@ -49,6 +49,11 @@ struct HeapValue {
 Result<std::optional<HeapValue>> parse_heap_value(std::string_view key, std::string_view text,
                                                   std::string_view prefix, uint64_t max_region);
 
+// An opaque value another library unpacks (a UCX worker address): not
+// empty, at most `max` bytes.
+constexpr size_t kMaxWorkerAddress = 64 << 10;
+Status check_blob(std::string_view key, std::string_view value, size_t max);
+
 // A member that fails while its peers wait for keys it would have written
 // writes this under those keys instead: they fail at once with its reason.
 std::string failure_value(const Status& why);

@@ -562,24 +562,28 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     awaited.push_back(fmt::format("{}/ucx/{}", key, me_world));
   }
   bool heard = false;  // the failure at hand is another member's, already said
-  auto fail = [&](const Status& s) {
-    Status w = where(s);
-    if (!heard) {
-      const std::string v = bootstrap::failure_value(w);
-      for (const auto& k : awaited) (void)store->set(k, v);
-    }
-    return w;
-  };
-  // A segment that cannot be opened may be gone because a member failed
-  // first and its creator gave up and removed it: then that member's reason
-  // (under the barrier's key, which every failure writes) is the news.
-  auto opening_failed = [&](const Status& s) {
+  // Where this rank failed because another member did first - a segment
+  // gone because its creator gave up, a wait that outlasted the member that
+  // had failed - that member's reason (under the barrier's key, which every
+  // failure writes) is the news.
+  auto earlier_failure_or = [&](const Status& s) {
     auto earlier = store->get(local_key + "/attached/open", Clock::now() + std::chrono::milliseconds(200));
     if (auto f = earlier.ok() ? bootstrap::failure_in(earlier.value()) : std::nullopt) {
       heard = true;
       return Status{f->kind(), fmt::format("{} (then here: {})", f->message(), s.message())};
     }
     return s;
+  };
+  auto fail = [&](Status s) {
+    // A timeout here may be the shadow of a member that failed first (and
+    // said so while this rank was busy): its reason is the news.
+    if (!heard && s.kind() == ErrorKind::kTimeout) s = earlier_failure_or(s);
+    Status w = where(s);
+    if (!heard) {
+      const std::string v = bootstrap::failure_value(w);
+      for (const auto& k : awaited) (void)store->set(k, v);
+    }
+    return w;
   };
   // What a member wrote under k, or the failure it wrote there instead.
   auto read = [&](const std::string& k) -> Result<std::string> {
@@ -631,7 +635,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     }
     if (Status s = bootstrap::check_segment_name(local_key + "/name", name.value(), prefix); !s.ok()) return fail(s);
     seg = transport::ShmSegment::open(name.value(), bytes);
-    if (!seg.ok()) return fail(opening_failed(seg.status()));
+    if (!seg.ok()) return fail(earlier_failure_or(seg.status()));
     auto heap_value = read(local_key + "/heap");  // set before the name
     if (!heap_value.ok()) return fail(heap_value.status());
     auto parsed = bootstrap::parse_heap_value(local_key + "/heap", heap_value.value(), prefix,
@@ -640,7 +644,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (const auto& h = parsed.value()) {
       auto hs = transport::ShmSegment::open(h->name, transport::ShmHeap::segment_bytes(local_n, h->region),
                                             transport::ShmSegment::Pages::kOnDemand);
-      if (!hs.ok()) return fail(opening_failed(heap_failed(hs.status(), h->region)));
+      if (!hs.ok()) return fail(earlier_failure_or(heap_failed(hs.status(), h->region)));
       heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, h->region);
     }
   }
@@ -717,8 +721,12 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     std::vector<std::string> addresses(ranks.size());
     for (int m = 0; m < n; ++m) {
       if (server_of_member[m] == config.server_index) continue;
-      auto addr = read(fmt::format("{}/ucx/{}", key, ranks[m]));
+      const std::string addr_key = fmt::format("{}/ucx/{}", key, ranks[m]);
+      auto addr = read(addr_key);
       if (!addr.ok()) return fail(addr.status());
+      // UCX unpacks a worker address itself: it is opaque to us, but an
+      // empty or outsized one is no address at all.
+      if (Status s = bootstrap::check_blob(addr_key, addr.value(), bootstrap::kMaxWorkerAddress); !s.ok()) return fail(s);
       addresses[m] = std::move(addr).value();
     }
     auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(net_id.value()), ranks, me,

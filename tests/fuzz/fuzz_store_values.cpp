@@ -36,5 +36,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto f = b::failure_in(text); f.has_value() && (f->ok() || text.empty() || text[0] != '!')) __builtin_trap();
   if (auto s = b::decode_status(text); s.has_value() && s->ok()) __builtin_trap();
   if (b::excerpt(text).size() > 4 * 40 + 3) __builtin_trap();
+  if (b::check_blob("key", text, 64).ok() && (text.empty() || text.size() > 64)) __builtin_trap();
   return 0;
 }
