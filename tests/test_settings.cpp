@@ -23,6 +23,16 @@ TEST(Settings, FromTheEnvironmentWithEveryVariableChecked) {
     EXPECT_EQ(s.value().fused_gemm, Settings::FusedGemm::kOpenBlas);
     EXPECT_EQ(s.value().copy_in, Settings::CopyIn::kCached);
     EXPECT_NE(s.value().describe().find("FG_RING_BYTES=65536"), std::string::npos) << s.value().describe();
+    EXPECT_FALSE(s.value().stream_out_bytes.has_value());  // unset: the machine's default
+    EXPECT_GT(s.value().effective_stream_out_bytes(), 0u);
+  }
+  {
+    // 0 is a value (stream always), not "the default".
+    fgtest::ScopedEnv e({{"FG_STREAM_OUT_BYTES", "0"}, {"FG_PIPELINE_BYTES", "4160"}});
+    auto s = Settings::from_environment();
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s.value().effective_stream_out_bytes(), 0u);
+    EXPECT_EQ(s.value().effective_pipeline_bytes(), 4160u);
   }
   fgtest::ScopedEnv bad({{"FG_NET_PIECE_BYTES", "12k"}, {"FG_LOG_SETTINGS", "1"}});
   auto s = Settings::from_environment();

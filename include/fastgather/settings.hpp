@@ -20,13 +20,14 @@ namespace fastgather {
 struct Settings {
   // Shared-memory ring per member of a group (FG_RING_BYTES), a multiple of 4 KiB.
   size_t ring_bytes = size_t{4} << 20;
-  // The ring protocol's step (FG_PIPELINE_BYTES); 0: a quarter of this CPU's L2.
-  size_t pipeline_bytes = 0;
+  // The ring protocol's step (FG_PIPELINE_BYTES); unset: a quarter of this CPU's L2.
+  std::optional<size_t> pipeline_bytes;
   // Symmetric heap per member of a group on one server (FG_SYMMETRIC_BYTES; 0: none).
   size_t symmetric_bytes = size_t{1} << 30;
   // Output bytes per call from which blocks are copied out with streaming
-  // stores (FG_STREAM_OUT_BYTES); 0: a quarter of the last-level cache.
-  size_t stream_out_bytes = 0;
+  // stores (FG_STREAM_OUT_BYTES; 0: always); unset: a quarter of the
+  // last-level cache.
+  std::optional<size_t> stream_out_bytes;
   // How bytes are stored into the ring (FG_COPY_IN): learned per size, or forced.
   enum class CopyIn { kLearned, kCached, kStreaming } copy_in = CopyIn::kLearned;
   // Large messages read straight from the peer's memory (FG_SINGLE_COPY):

@@ -1,12 +1,15 @@
 #include "base/caches.hpp"
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <string>
 
 namespace fastgather::base {
 
-size_t cache_bytes(int level) {
+namespace {
+
+size_t read_cache_bytes(int level) {
   size_t best = 0;
   for (int i = 0; i < 8; ++i) {
     const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
@@ -22,6 +25,18 @@ size_t cache_bytes(int level) {
     if (level == 0 || l == level) best = std::max(best, bytes);
   }
   return best;
+}
+
+}  // namespace
+
+size_t cache_bytes(int level) {
+  // Read from sysfs once per process: callers ask on hot paths.
+  static const auto sizes = [] {
+    std::array<size_t, 5> s{};
+    for (int l = 0; l < static_cast<int>(s.size()); ++l) s[static_cast<size_t>(l)] = read_cache_bytes(l);
+    return s;
+  }();
+  return level >= 0 && level < static_cast<int>(sizes.size()) ? sizes[static_cast<size_t>(level)] : read_cache_bytes(level);
 }
 
 }  // namespace fastgather::base

@@ -26,10 +26,10 @@ Status read_us(const char* name, std::optional<std::chrono::microseconds>* field
   return Status::Ok();
 }
 
-// In the variable's range (0, where the range starts above it, meaning "the default").
-Status in_range(const char* name, uint64_t value, bool zero_is_default = false) {
+// In the variable's range.
+Status in_range(const char* name, uint64_t value) {
   const base::EnvVar* var = base::find_env(name);
-  if (var == nullptr || (zero_is_default && value == 0) || (value >= var->min && value <= var->max)) return Status::Ok();
+  if (var == nullptr || (value >= var->min && value <= var->max)) return Status::Ok();
   return {ErrorKind::kInvalidArgument,
           fmt::format("setting {}={} is outside {}..{} ({})", name, value, var->min, var->max, var->doc)};
 }
@@ -38,8 +38,13 @@ Status in_range(const char* name, uint64_t value, bool zero_is_default = false) 
 
 Result<Settings> Settings::from_environment() {
   Settings s;
-  for (auto [name, field] : {std::pair{"FG_RING_BYTES", &s.ring_bytes}, {"FG_PIPELINE_BYTES", &s.pipeline_bytes},
-                             {"FG_SYMMETRIC_BYTES", &s.symmetric_bytes}, {"FG_STREAM_OUT_BYTES", &s.stream_out_bytes},
+  for (auto [name, field] : {std::pair{"FG_PIPELINE_BYTES", &s.pipeline_bytes},
+                             {"FG_STREAM_OUT_BYTES", &s.stream_out_bytes}}) {
+    auto v = base::env_count(name);
+    if (!v.ok()) return v.status();
+    if (v.value()) *field = static_cast<size_t>(*v.value());
+  }
+  for (auto [name, field] : {std::pair{"FG_RING_BYTES", &s.ring_bytes}, {"FG_SYMMETRIC_BYTES", &s.symmetric_bytes},
                              {"FG_SINGLE_COPY_MIN_BYTES", &s.single_copy_min_bytes},
                              {"FG_HIER_MIN_BYTES", &s.hier_min_bytes}, {"FG_NET_PIECE_BYTES", &s.net_piece_bytes}}) {
     if (Status st = read_count(name, field); !st.ok()) return st;
@@ -75,8 +80,12 @@ Status Settings::validate() const {
   for (auto [name, v] : kCounts) {
     if (Status s = in_range(name, v); !s.ok()) return s;
   }
-  if (Status s = in_range("FG_PIPELINE_BYTES", pipeline_bytes, true); !s.ok()) return s;
-  if (Status s = in_range("FG_STREAM_OUT_BYTES", stream_out_bytes, true); !s.ok()) return s;
+  if (pipeline_bytes) {
+    if (Status s = in_range("FG_PIPELINE_BYTES", *pipeline_bytes); !s.ok()) return s;
+  }
+  if (stream_out_bytes) {
+    if (Status s = in_range("FG_STREAM_OUT_BYTES", *stream_out_bytes); !s.ok()) return s;
+  }
   if (Status s = in_range("FG_REPORT_MS", static_cast<uint64_t>(report_after.count())); !s.ok()) return s;
   if (spin) {
     if (Status s = in_range("FG_SPIN_US", static_cast<uint64_t>(spin->count())); !s.ok()) return s;
@@ -88,13 +97,13 @@ Status Settings::validate() const {
 }
 
 size_t Settings::effective_pipeline_bytes() const {
-  if (pipeline_bytes != 0) return pipeline_bytes;
+  if (pipeline_bytes) return *pipeline_bytes;
   const size_t l2 = base::cache_bytes(2);
   return l2 != 0 ? l2 / 4 : size_t{256} << 10;
 }
 
 size_t Settings::effective_stream_out_bytes() const {
-  if (stream_out_bytes != 0) return stream_out_bytes;
+  if (stream_out_bytes) return *stream_out_bytes;
   const size_t llc = base::cache_bytes(0);
   return llc != 0 ? llc / 4 : size_t{8} << 20;
 }

@@ -338,6 +338,9 @@ Result<std::unique_ptr<Communicator>> Communicator::create(const Config& config,
     if (!from_env.ok()) return Status{from_env.status().kind(), fmt::format("rank {}: {}", config.rank, from_env.status().message())};
     impl->settings = from_env.value();
   }
+  // The machine-derived defaults, resolved once: calls read them as numbers.
+  impl->settings.pipeline_bytes = impl->settings.effective_pipeline_bytes();
+  impl->settings.stream_out_bytes = impl->settings.effective_stream_out_bytes();
   if (config.rank == 0 && base::env_flag("FG_LOG_SETTINGS")) {
     std::fprintf(stderr, "fastgather: settings: %s\n", impl->settings.describe().c_str());
   }
