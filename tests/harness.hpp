@@ -69,6 +69,9 @@ struct ScopedEnv {
 // (99: the child could not drop to that user, e.g. not root).
 int as_nobody(const std::function<int()>& f);
 
+// This process's resident memory, in bytes (/proc/self/statm).
+double rss_bytes();
+
 // Names in /dev/shm that fastgather made (fg-*).
 std::vector<std::string> fg_segments();
 // Segments created by any of these ranks' processes.

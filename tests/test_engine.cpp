@@ -301,6 +301,20 @@ TEST(Abort, FromAnotherThreadEndsTheCallAndThePeerLearns) {
 namespace {
 Communicator* g_comm = nullptr;
 void on_sigusr1(int) { g_comm->abort(); }
+
+// SIGUSR1 to this thread after `delay`, whose handler calls comm.abort();
+// join the returned thread.
+std::thread abort_from_a_signal_in(Communicator& comm, std::chrono::milliseconds delay) {
+  g_comm = &comm;
+  struct sigaction sa {};
+  sa.sa_handler = on_sigusr1;
+  ::sigaction(SIGUSR1, &sa, nullptr);
+  const pthread_t target = ::pthread_self();
+  return std::thread([target, delay] {
+    std::this_thread::sleep_for(delay);
+    ::pthread_kill(target, SIGUSR1);
+  });
+}
 }  // namespace
 
 // abort() from a signal handler (what a SIGTERM handler of a training job
@@ -315,15 +329,7 @@ TEST(Abort, FromASignalHandlerEndsTheBlockedCall) {
       std::this_thread::sleep_for(3s);  // never calls; alive past rank 0's checks
       return "";
     }
-    g_comm = &comm;
-    struct sigaction sa {};
-    sa.sa_handler = on_sigusr1;
-    ::sigaction(SIGUSR1, &sa, nullptr);
-    const pthread_t main_thread = ::pthread_self();
-    std::thread sender([&] {
-      std::this_thread::sleep_for(300ms);
-      ::pthread_kill(main_thread, SIGUSR1);
-    });
+    std::thread sender = abort_from_a_signal_in(comm, 300ms);
     const auto t0 = Clock::now();
     Status s = fgtest::gather_bytes(g, 1 << 16);
     sender.join();
@@ -351,15 +357,7 @@ TEST(Abort, FromASignalHandlerOutsideACallReachesThePeers) {
       RANK_CHECK(ms_since(t0) < 2000, "took {} ms to learn of the abort", ms_since(t0));
       return "";
     }
-    g_comm = &comm;
-    struct sigaction sa {};
-    sa.sa_handler = on_sigusr1;
-    ::sigaction(SIGUSR1, &sa, nullptr);
-    const pthread_t main_thread = ::pthread_self();
-    std::thread sender([&] {
-      std::this_thread::sleep_for(300ms);
-      ::pthread_kill(main_thread, SIGUSR1);
-    });
+    std::thread sender = abort_from_a_signal_in(comm, 300ms);
     std::this_thread::sleep_for(4s);  // no call: only the handler can have told rank 1
     sender.join();
     Status s = fgtest::gather_bytes(g, 4096);

@@ -338,23 +338,16 @@ TEST(Groups, EachGroupCostsItsRingAndTwoDescriptors) {
     c.settings = s;
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
-    auto rss = [] {
-      long pages = 0, resident = 0;
-      FILE* f = std::fopen("/proc/self/statm", "r");
-      if (f != nullptr && std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-      if (f != nullptr) std::fclose(f);
-      return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-    };
     auto fds = [] {
       int n = 0;
       for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += e.is_symlink() ? 1 : 0;
       return n;
     };
-    const double rss0 = rss();
+    const double rss0 = fgtest::rss_bytes();
     const int fd0 = fds();
     constexpr int kGroups = 60;
     for (int i = 0; i < kGroups; ++i) RANK_OK((*comm)->new_group({0, 1}).status());
-    const double per_group = (rss() - rss0) / kGroups;
+    const double per_group = (fgtest::rss_bytes() - rss0) / kGroups;
     const double per_fd = static_cast<double>(fds() - fd0) / kGroups;
     if (c.rank == 0) {
       std::printf("per group: %.0f KiB of RSS (ring: 2 x 64 KiB), %.2f fds\n", per_group / 1024, per_fd);

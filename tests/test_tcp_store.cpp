@@ -292,17 +292,10 @@ TEST(TcpStore, NobodyJoinsOnceTheJobIsComplete) {
 // gets in meanwhile. (Before: 600 connections each sending 1 MiB of a HELLO
 // grew the store host by 620 MB.)
 TEST(TcpStore, HalfSentHellosCostLittleMemory) {
-  auto rss = [] {
-    long pages = 0, resident = 0;
-    FILE* f = std::fopen("/proc/self/statm", "r");
-    if (f != nullptr && std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    if (f != nullptr) std::fclose(f);
-    return static_cast<size_t>(resident) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  };
   auto s = TcpStoreServer::start("127.0.0.1", 0, {.token = "secret", .hello_within = 1500ms});
   ASSERT_TRUE(s.ok());
   auto& server = s.value();
-  const size_t rss_before = rss();
+  const double rss_before = fgtest::rss_bytes();
   // Half announce a 1 MiB HELLO and send 256 KiB of it; half announce one as
   // long as a HELLO may be and send all but its last byte.
   std::string huge(256 << 10, 'x'), almost(kMaxHello - 1, 'x');
@@ -327,7 +320,8 @@ TEST(TcpStore, HalfSentHellosCostLittleMemory) {
   }
   EXPECT_GT(most, kMaxHello) << "the half-sent HELLOs were never held: the test measures nothing";
   EXPECT_LE(most, kMaxStrangers * 2 * kMaxHello) << "bytes held for connections that have not said HELLO";
-  EXPECT_LT(rss(), rss_before + (16u << 20)) << "the store's process grew by " << ((rss() - rss_before) >> 20) << " MiB";
+  const double grew = fgtest::rss_bytes() - rss_before;
+  EXPECT_LT(grew, 16 << 20) << "the store's process grew by " << grew / (1 << 20) << " MiB";
   for (int fd : fds) ::close(fd);
 }
 
