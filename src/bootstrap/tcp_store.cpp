@@ -276,6 +276,9 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string&
   s->state_ = std::make_unique<State>();
   State& st = *s->state_;
   st.admission = std::move(admission);
+  // A socket for another port (a Config changed after the spawner made it)
+  // is not the one asked for.
+  if (listen_fd >= 0 && bound_port(listen_fd) != port) listen_fd = -1;
   if (listen_fd >= 0) {
     // The caller's socket (a spawner's): ours is a copy, so that the
     // caller's stays open for the next communicator of the same job.
