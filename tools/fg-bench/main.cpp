@@ -112,12 +112,15 @@ int simulate_servers(const LaunchPlan& plan, const std::function<int(const Confi
   po.death_signal = SIGTERM;
   po.grace = plan.timeout + std::chrono::seconds(2);
   po.kill_after = std::chrono::seconds(5);
-  // Every server is ours too: a secret of our own, as a one-server spawner makes.
+  // Every server is ours too: a secret of our own, as a one-server spawner
+  // makes, and a free port unless one was asked for.
   const std::string token = plan.token.empty() ? new_job_secret() : plan.token;
+  const int port = plan.master_port != 0 ? plan.master_port : free_tcp_port(plan.master_addr).value_or(plan.port());
   return run_processes(plan.servers, [&](int s) {
     LaunchPlan p = plan;
     p.server_index = s;
     p.token = token;
+    p.master_port = port;
     return run_local_ranks(p, body);
   }, po);
 }
