@@ -299,27 +299,30 @@ TEST_P(MemberCannotMap, TheOthersFailAtOnceWithItsReason) {
 
 INSTANTIATE_TEST_SUITE_P(Groups, MemberCannotMap, ::testing::Values(0, 2));
 
-// A creator still filling a segment larger than the others' patience (the
-// issue's FG_RING_BYTES=1073741824 with 4 ranks, here 256 MiB and a 100 ms
-// timeout): the waiting ranks say what it was making - its size and the
-// setting - and the creator, when it gets there, fails with their reason
-// instead of saying nothing; nobody waits past a few seconds.
+// A creator later than the others' patience (the FG_RING_BYTES=
+// 1073741824 with 4 ranks: rank 0 was still filling its 4 GiB segment; here
+// it arrives 1.5 s late with a 500 ms timeout): the waiting ranks say what
+// it was to make - its size and the setting - and the creator, when it gets
+// there, fails with their reason instead of saying nothing.
 TEST(Groups, ACreatorSlowerThanTheTimeoutIsNamedWithItsSegment) {
   fgtest::JobOptions o;
-  o.timeout = 100ms;
+  o.timeout = 500ms;
   const auto t0 = Clock::now();
   auto results = fgtest::run_job(4, [](const Config& base) -> std::string {
     Config c = base;
     Settings s;
-    s.ring_bytes = size_t{256} << 20;
+    s.ring_bytes = size_t{1} << 20;
     s.symmetric_bytes = 0;
     c.settings = s;
     auto comm = Communicator::create(c);
-    RANK_CHECK(!comm.ok(), "a 1 GiB segment was made and mapped within 100 ms");
-    const std::string& m = comm.status().message();
-    RANK_CHECK(m.find("rank 0 never created the group's segment (1025 MiB: 4 members x FG_RING_BYTES=268435456)") !=
+    RANK_OK(comm.status());
+    if (c.rank == 0) std::this_thread::sleep_for(1500ms);
+    auto g = (*comm)->new_group({0, 1, 2, 3});
+    RANK_CHECK(!g.ok(), "the group was made although rank 0 came 1.5 s late with a 500 ms timeout");
+    const std::string& m = g.status().message();
+    RANK_CHECK(m.find("rank 0 never created the group's segment (5 MiB: 4 members x FG_RING_BYTES=1048576)") !=
                    std::string::npos,
-               "the reason does not say what rank 0 was making: {}", m);
+               "the reason does not say what rank 0 was to make: {}", m);
     return "";
   }, o);
   fgtest::expect_all_ok(results);
