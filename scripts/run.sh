@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # The same names on Debian 12 and 13; clang's runtime (for the sanitizers'
 # and libFuzzer's libraries) is named after clang's major version, found below.
 PACKAGES=(g++ cmake make pkg-config libgtest-dev libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang iproute2 util-linux python3 python3-dev python3-venv)
+          libucx-dev libopenmpi-dev openmpi-bin gnuplot-nox clang gdb iproute2 util-linux python3 python3-dev python3-venv)
 # The Python package is built against torch 2.13 from PyPI (the CPU wheel), in
 # a venv of the machine's Python 3.11 (the Python that wheel is for).
 PY_PACKAGES=(torch==2.13.0 numpy pytest expecttest scikit-build-core)

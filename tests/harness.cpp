@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -21,6 +22,51 @@
 #include <gtest/gtest.h>
 
 namespace fgtest {
+
+namespace {
+
+std::string read_small_file(const std::string& path) {
+  std::string out;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[512];
+    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    out.assign(buf, n);
+    std::fclose(f);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\0')) out.pop_back();
+  return out;
+}
+
+// Where a hung rank is, told before it is killed: each thread's kernel wait
+// channel and system call, and every thread's stack where gdb is installed
+// (the test command installs it). A hang that happens once in many CI runs
+// then explains itself in the log.
+std::string describe_hung(pid_t pid) {
+  std::string out = fmt::format("\n  [where rank process {} was:", pid);
+  if (DIR* d = ::opendir(fmt::format("/proc/{}/task", pid).c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string t = fmt::format("/proc/{}/task/{}/", pid, e->d_name);
+      out += fmt::format("\n   thread {} ({}): wchan {}, syscall {}", e->d_name, read_small_file(t + "comm"),
+                         read_small_file(t + "wchan"), read_small_file(t + "syscall"));
+    }
+    ::closedir(d);
+  }
+  const std::string cmd = fmt::format(
+      "command -v gdb >/dev/null && timeout 60 gdb -p {} -batch -nx -ex 'thread apply all bt 30' 2>&1 | grep -E '^(#|Thread)'",
+      pid);
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    std::string bt;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0 && bt.size() < (64u << 10)) bt.append(buf, n);
+    ::pclose(p);
+    if (!bt.empty()) out += "\n" + bt;
+  }
+  return out + "]";
+}
+
+}  // namespace
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -35,7 +81,26 @@ int free_port() {
   return ntohs(sa.sin_port);
 }
 
+int thread_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
 std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options) {
+  // UCX's memory hooks (installed when libucm loads, in this process too)
+  // hold a lock while another thread maps or unmaps memory; a rank forked at
+  // that moment inherits it held and hangs in ucp_init for good. Ranks that
+  // start UCX are forked only from a single-threaded process (a store the
+  // test needs runs in a process of its own: StoreProcess).
+  if (options.servers > 1 && thread_count() > 1) {
+    ADD_FAILURE() << "run_job: ranks that start UCX must be forked from a single-threaded process; this one has "
+                  << thread_count() << " threads (run the test's store in a StoreProcess)";
+    return std::vector<RankResult>(static_cast<size_t>(world));
+  }
   const int port = options.port != 0 ? options.port : free_port();
   std::vector<pid_t> pids(world, -1);
   std::vector<int> pipes(world, -1);
@@ -95,8 +160,8 @@ std::vector<RankResult> run_job(int world, const RankBody& body, const JobOption
     if (std::chrono::steady_clock::now() > deadline) {
       for (int r = 0; r < world; ++r) {
         if (!done[r]) {
+          results[r].error += " [HANG: killed by the test harness]" + describe_hung(pids[r]);
           ::kill(pids[r], SIGKILL);
-          results[r].error += " [HANG: killed by the test harness]";
         }
       }
     }

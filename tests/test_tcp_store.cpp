@@ -360,7 +360,9 @@ TEST(TcpStore, AReplyThatArrivedByTheDeadlineIsAnAnswer) {
   std::this_thread::sleep_for(50ms);  // the answer is in our socket now
   auto v = client.value()->get("k", Clock::now() - 1ms);
   EXPECT_TRUE(v.ok()) << v.status().to_string();
-  if (v.ok()) EXPECT_EQ(v.value(), "there");
+  if (v.ok()) {
+    EXPECT_EQ(v.value(), "there");
+  }
   client.value().reset();
   store.join();
   ::close(l);

@@ -6,6 +6,12 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <functional>
 
 #include "bootstrap/tcp_store.hpp"
@@ -43,14 +49,51 @@ class Tampered : public Store {
   Tamper tamper_;
 };
 
+// The job's store in a process of its own: its thread must not be in this
+// process when ranks that start UCX are forked (see run_job).
+class StoreProcess {
+ public:
+  StoreProcess() {
+    int up[2], down[2];
+    if (::pipe2(up, O_CLOEXEC) != 0 || ::pipe2(down, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(up[0]);
+      ::close(down[1]);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      auto server = bootstrap::TcpStoreServer::start("127.0.0.1", 0, {});
+      const int port = server.ok() ? server.value()->port() : 0;
+      (void)!::write(up[1], &port, sizeof(port));
+      char c;
+      (void)!::read(down[0], &c, 1);  // until the test closes its end
+      ::_exit(0);
+    }
+    ::close(up[1]);
+    ::close(down[0]);
+    hold_ = down[1];
+    if (pid_ > 0 && ::read(up[0], &port_, sizeof(port_)) != sizeof(port_)) port_ = 0;
+    ::close(up[0]);
+  }
+  ~StoreProcess() {
+    if (hold_ >= 0) ::close(hold_);
+    if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+  }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int hold_ = -1;
+  int port_ = 0;
+};
+
 // Ranks over one store; rank `victim` reads tamper(value) for keys ending in
 // `suffix`, and must fail naming `named` and showing `shown` (and nothing
 // long); the others fail too (they cannot complete the group without it).
 void expect_refused(const std::string& suffix, const Tampered::Tamper& tamper, const std::string& named,
                     const std::string& shown, int world = 2, int servers = 1, int victim = 1) {
-  auto server = bootstrap::TcpStoreServer::start("127.0.0.1", 0, {});
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
-  const int port = server.value()->port();
+  StoreProcess server;
+  const int port = server.port();
+  ASSERT_NE(port, 0) << "the store did not start";
   fgtest::JobOptions o;
   o.timeout = std::chrono::milliseconds(3000);
   o.servers = servers;
