@@ -35,8 +35,6 @@ struct JobOptions {
 using RankBody = std::function<std::string(const fastgather::Config&)>;
 
 int free_port();
-// Threads of this process (/proc/self/task).
-int thread_count();
 std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options = {});
 // Fails the current test with every rank's error unless all succeeded.
 void expect_all_ok(const std::vector<RankResult>& results);

@@ -9,17 +9,133 @@
 #include "algo/allgather.hpp"
 #include "algo/allgather_net.hpp"
 #include "algo/copy_in.hpp"
+#include "algo/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
 
 using namespace fastgather::algo;
 using fastgather::Settings;
 
-TEST(ProtocolTable, InlineUpTo32BytesThenCopyInOut) {
-  EXPECT_EQ(choose_protocol(0).protocol, Protocol::kInline);
-  EXPECT_EQ(choose_protocol(32).protocol, Protocol::kInline);
-  EXPECT_EQ(choose_protocol(33).protocol, Protocol::kCopyInOut);
-  EXPECT_EQ(choose_protocol(size_t{1} << 40).protocol, Protocol::kCopyInOut);
-  auto table = protocol_table();
-  for (size_t i = 1; i < table.size(); ++i) EXPECT_LT(table[i - 1].max_bytes, table[i].max_bytes);
+namespace {
+
+GroupShape shape(std::vector<int> servers, bool single_copy = true, bool heap = false) {
+  GroupShape g;
+  g.topo = Topology::of(servers, 0);
+  g.max_step_bytes = 1 << 20;
+  g.pipeline_bytes = 64 << 10;
+  g.single_copy = single_copy;
+  g.heap = heap;
+  g.label = "group [test]";
+  return g;
+}
+
+auto nowhere = [](int) -> std::byte* { return nullptr; };
+FunctionRef<std::byte*(int)> keeping(nowhere);
+
+GatherCall call(size_t bytes, fastgather::Schedule asked = fastgather::Schedule::kAuto, bool keeps = true) {
+  GatherCall c;
+  c.bytes = bytes;
+  c.schedule = asked;
+  c.landing = keeps ? &keeping : nullptr;
+  return c;
+}
+
+}  // namespace
+
+using fastgather::Schedule;
+
+TEST(Plan, ProtocolBySizeWithinAServer) {
+  const auto one = shape({0, 0, 0});
+  EXPECT_EQ(plan_call(one, call(0)).protocol, Protocol::kInline);
+  EXPECT_EQ(plan_call(one, call(32)).protocol, Protocol::kInline);
+  EXPECT_EQ(plan_call(one, call(32)).piece, 32u);
+  EXPECT_EQ(plan_call(one, call(33)).protocol, Protocol::kCopyInOut);
+  EXPECT_EQ(plan_call(one, call(33)).piece, size_t{64} << 10);  // the pipeline step
+  const size_t min = Settings{}.single_copy_min_bytes;
+  EXPECT_EQ(plan_call(one, call(min - 1)).protocol, Protocol::kCopyInOut);
+  const CallPlan single = plan_call(one, call(min));
+  EXPECT_EQ(single.protocol, Protocol::kSingleCopy);
+  EXPECT_EQ(single.read_piece, size_t{1} << 20);  // process_vm_readv: the largest step
+  EXPECT_EQ(single.piece, size_t{64} << 10);      // from the heap, and after a fallback
+  // Single copy needs members that can read each other, an op that keeps
+  // the blocks, the one-shot, and more than one member here.
+  EXPECT_EQ(plan_call(shape({0, 0, 0}, false), call(min)).protocol, Protocol::kCopyInOut);
+  EXPECT_EQ(plan_call(one, call(min, Schedule::kAuto, false)).protocol, Protocol::kCopyInOut);
+  EXPECT_EQ(plan_call(one, call(min, Schedule::kRing)).protocol, Protocol::kCopyInOut);
+  EXPECT_EQ(plan_call(shape({0, 1}), call(min)).protocol, Protocol::kCopyInOut);
+  GatherCall bcast = call(min);
+  bcast.root = 0;
+  EXPECT_EQ(plan_call(one, bcast).protocol, Protocol::kCopyInOut);
+}
+
+TEST(Plan, TheScheduleThatRunsIsTheOneReported) {
+  const auto one = shape({0, 0, 0});
+  EXPECT_EQ(plan_call(one, call(4096)).schedule, Schedule::kOneShot);
+  EXPECT_EQ(plan_call(one, call(4096, Schedule::kRing)).schedule, Schedule::kRing);
+  // A ring of two is the one-shot, and so is one whose op keeps no blocks to forward.
+  EXPECT_EQ(plan_call(shape({0, 0}), call(4096, Schedule::kRing)).schedule, Schedule::kOneShot);
+  EXPECT_EQ(plan_call(one, call(4096, Schedule::kRing, false)).schedule, Schedule::kOneShot);
+  // Direct or hierarchical within one server run the one-shot.
+  EXPECT_EQ(plan_call(one, call(4096, Schedule::kHierarchical)).schedule, Schedule::kOneShot);
+  // Across servers: by size, or as asked.
+  const auto two = shape({0, 0, 1, 1});
+  const size_t big = Settings{}.hier_min_bytes;
+  EXPECT_EQ(plan_call(two, call(big - 1)).schedule, Schedule::kDirect);
+  EXPECT_EQ(plan_call(two, call(big)).schedule, Schedule::kHierarchical);
+  EXPECT_EQ(plan_call(two, call(big)).relay_piece, size_t{1} << 20);
+  EXPECT_EQ(plan_call(two, call(8, Schedule::kHierarchical)).schedule, Schedule::kHierarchical);
+  EXPECT_EQ(plan_call(two, call(big)).net_piece, Settings{}.net_piece_bytes);
+  EXPECT_EQ(plan_call(two, call(Settings{}.single_copy_min_bytes)).protocol, Protocol::kCopyInOut);
+  // What every member asked for is kept, for the headers to compare.
+  EXPECT_EQ(plan_call(shape({0, 0}), call(4096, Schedule::kRing)).asked, Schedule::kRing);
+}
+
+TEST(Plan, WhatCannotRunIsRefusedBeforeAnyStep) {
+  auto refused = [](const CallPlan& p, const std::string& says) {
+    return p.error.kind() == fastgather::ErrorKind::kUnsupported && p.error.message().find(says) != std::string::npos &&
+           p.error.message().find("group [test]") != std::string::npos;
+  };
+  const auto two = shape({0, 0, 1, 1});
+  EXPECT_TRUE(refused(plan_call(two, call(4096, Schedule::kRing)), "the ring schedule runs within one server"));
+  EXPECT_TRUE(refused(plan_call(two, call(4096, Schedule::kAuto, false)), "keeps no copy"));
+  EXPECT_TRUE(plan_call(two, call(0, Schedule::kAuto, false)).error.ok());  // a barrier
+  GatherCall wide = call(size_t{4} << 20);
+  wide.align = size_t{2} << 20;  // a row larger than a step
+  EXPECT_TRUE(refused(plan_call(shape({0, 0}), wide), "row exceeds"));
+  EXPECT_TRUE(plan_call(shape({0}), wide).error.ok());  // alone: no steps at all
+}
+
+TEST(Plan, InPlaceFrom4KiBWhereTheGroupHasAHeap) {
+  EXPECT_FALSE(plan_call(shape({0, 0}, true, true), call(kInPlaceMinBytes - 1)).in_place);
+  EXPECT_TRUE(plan_call(shape({0, 0}, true, true), call(kInPlaceMinBytes)).in_place);
+  EXPECT_FALSE(plan_call(shape({0, 0}, true, false), call(kInPlaceMinBytes)).in_place);
+}
+
+// docs/architecture.md's table is plan_table(), row for row, and each row's
+// example is decided as the row says.
+TEST(Plan, TheArchitectureTableIsThePlansRules) {
+  std::ifstream f(std::string(FG_SOURCE_DIR) + "/docs/architecture.md");
+  std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string expected;
+  for (const PlanRow& row : plan_table()) {
+    expected += fmt::format("| {} | {} | {} |\n", row.when, row.plan, row.cost);
+    const CallPlan p = plan_call(row.group, row.example);
+    ASSERT_TRUE(p.error.ok()) << row.when << ": " << p.error.to_string();
+    std::string decided;
+    if (row.plan.rfind("schedule: ", 0) == 0) {
+      decided = std::string("schedule: ") + fastgather::to_string(p.schedule);
+    } else if (row.plan.rfind("protocol: ", 0) == 0) {
+      decided = std::string("protocol: ") + protocol_name(p.protocol);
+    } else if (row.plan.rfind("in place", 0) == 0) {
+      decided = p.in_place ? "in place" : "not in place";
+    }
+    EXPECT_EQ(row.plan.rfind(decided, 0), 0u) << "row '" << row.when << "' says " << row.plan << "; plan_call: " << decided;
+  }
+  EXPECT_NE(doc.find(expected), std::string::npos) << "docs/architecture.md should hold this table as it is:\n" << expected;
 }
 
 namespace {
@@ -126,13 +242,14 @@ TEST(Topology, ServersAreRunsOfConsecutiveMembers) {
 }
 
 TEST(ScheduleChoice, DirectWhenSmallOrOnePerServerHierarchicalWhenLarge) {
+  using fastgather::Schedule;
   Topology two_per_server = Topology::of({0, 0, 1, 1}, 0);
   Topology one_per_server = Topology::of({0, 1}, 0);
   const size_t big = Settings{}.hier_min_bytes;
-  EXPECT_EQ(choose_schedule(two_per_server, big - 1, Schedule::kOneShot, big), Schedule::kDirect);
-  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kOneShot, big), Schedule::kHierarchical);
-  EXPECT_EQ(choose_schedule(one_per_server, big, Schedule::kOneShot, big), Schedule::kDirect);
-  EXPECT_EQ(choose_schedule(two_per_server, 1000, Schedule::kOneShot, 1000), Schedule::kHierarchical);
+  EXPECT_EQ(choose_schedule(two_per_server, big - 1, Schedule::kAuto, big), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kAuto, big), Schedule::kHierarchical);
+  EXPECT_EQ(choose_schedule(one_per_server, big, Schedule::kAuto, big), Schedule::kDirect);
+  EXPECT_EQ(choose_schedule(two_per_server, 1000, Schedule::kAuto, 1000), Schedule::kHierarchical);
   // Forced schedules are kept, except that nothing (0 bytes) is never relayed.
   EXPECT_EQ(choose_schedule(two_per_server, 8, Schedule::kHierarchical, big), Schedule::kHierarchical);
   EXPECT_EQ(choose_schedule(two_per_server, big, Schedule::kDirect, big), Schedule::kDirect);

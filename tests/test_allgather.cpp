@@ -168,7 +168,7 @@ TEST_P(RingSchedule, GathersEveryByteInBothForms) {
     Group& g = (*comm)->world();
     const int n = g.size();
     AllGatherOptions ring;
-    ring.algorithm = AllGatherAlgorithm::kRing;
+    ring.schedule = Schedule::kRing;
     uint64_t it = 500;
     for (size_t bytes : {size_t{0}, size_t{1}, size_t{33}, size_t{4097}, size_t{200000}}) {
       ++it;

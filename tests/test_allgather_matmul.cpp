@@ -59,7 +59,7 @@ struct Case {
   std::string ring_bytes;  // small rings force many pieces per rank
   int servers = 1;         // simulated servers (UCX on loopback between them)
   int tp = 1;              // the TP x DP group instead of the world
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;
+  Schedule schedule = Schedule::kAuto;
 };
 
 std::string run_case(const Config& c, const Case& cs) {
@@ -90,7 +90,7 @@ std::string run_case(const Config& c, const Case& cs) {
     if (use_bias) bias_view = TensorView(bias.data(), d, {cs.n});
     AllGatherMatmulOptions opt;
     opt.gather_output = cs.gather_output;
-    opt.algorithm = cs.algorithm;
+    opt.schedule = cs.schedule;
     RANK_OK(all_gather_matmul(g, x1.view(), x2.view(), bias_view, out.view(),
                               cs.gather_output ? gathered.view() : TensorView{}, opt));
     const double u_out = output_roundoff(d);
@@ -169,16 +169,16 @@ TEST(AllGatherMatmulAcrossServers, MatchesReferenceGemm) {
     int servers, world, tp;
   };
   for (Shape sh : {Shape{2, 4, 2}, Shape{2, 4, 1}, Shape{3, 4, 2}, Shape{3, 4, 1}, Shape{2, 5, 1}, Shape{2, 6, 1}}) {
-    for (auto algo : {AllGatherAlgorithm::kDirect, AllGatherAlgorithm::kHierarchical}) {
+    for (auto algo : {Schedule::kDirect, Schedule::kHierarchical}) {
       for (DType d : {DType::kF32, DType::kBF16}) {
         // 300 rows of 1 KiB (fp32) per rank and a 64 KiB ring: several network pieces and relay steps.
         for (Case cs : {Case{d, 5, 64, 16, true, true, ""}, Case{d, 300, 256, 24, true, false, "65536"},
                         Case{d, 300, 256, 24, false, true, "65536"}, Case{d, 0, 64, 16, true, true, ""}}) {
           cs.servers = sh.servers;
           cs.tp = sh.tp;
-          cs.algorithm = algo;
+          cs.schedule = algo;
           SCOPED_TRACE(fmt::format("servers={} world={} tp={} {} {} m={} k={} gather_output={}", sh.servers, sh.world,
-                                   sh.tp, algo == AllGatherAlgorithm::kDirect ? "direct" : "hierarchical",
+                                   sh.tp, algo == Schedule::kDirect ? "direct" : "hierarchical",
                                    dtype_name(d), cs.m, cs.k, cs.gather_output));
           fgtest::JobOptions jo;
           jo.servers = sh.servers;

@@ -24,7 +24,7 @@ namespace {
 // Both forms of all-gather of `bytes` per rank on g with `algo`, every byte checked.
 // With `symmetric`, the input comes from the group's heap (Group::empty):
 // read in place by the members on this server, sent over UCX to the others.
-std::string both_forms(Group& g, size_t bytes, AllGatherAlgorithm algo, uint64_t it, bool symmetric = false) {
+std::string both_forms(Group& g, size_t bytes, Schedule algo, uint64_t it, bool symmetric = false) {
   const int n = g.size();
   const auto count = static_cast<int64_t>(bytes);
   Tensor in = Tensor::empty(DType::kU8, {count});
@@ -35,7 +35,7 @@ std::string both_forms(Group& g, size_t bytes, AllGatherAlgorithm algo, uint64_t
   }
   fill_pattern(in.data(), bytes, g.ranks()[g.rank()], it);
   Tensor out = Tensor::empty(DType::kU8, {n * count});
-  AllGatherOptions opt{.algorithm = algo};
+  AllGatherOptions opt{.schedule = algo};
   RANK_OK(all_gather(g, in.view(), out.view(), opt));
   for (int i = 0; i < n; ++i) {
     long long bad = check_pattern(out.data_as<char>() + static_cast<size_t>(i) * bytes, bytes, g.ranks()[i], it);
@@ -82,7 +82,7 @@ TEST_P(AcrossServers, BothFormsEverySchedule) {
     RANK_OK(sub.status());
     uint64_t it = 0;
     for (Group* g : {sub.value(), &(*comm)->world()}) {
-      for (auto algo : {AllGatherAlgorithm::kAuto, AllGatherAlgorithm::kDirect, AllGatherAlgorithm::kHierarchical}) {
+      for (auto algo : {Schedule::kAuto, Schedule::kDirect, Schedule::kHierarchical}) {
         for (size_t bytes : {size_t{0}, size_t{1}, size_t{33}, size_t{4097}, size_t{96} << 10, (size_t{1} << 20) + 3,
                              size_t{3} << 20}) {
           // Every other call's input is in the group's symmetric heap (members on one
@@ -212,7 +212,7 @@ TEST(AcrossServers, TwoGroupsDrivenFromTwoThreadsAtOnce) {
       auto drive = [&](Group* g, int which) {
         for (uint64_t it = 0; it < 150 && errors[which].empty(); ++it) {
           const size_t bytes = it % 3 == 0 ? 40000 : it % 3 == 1 ? 24 : 700000;
-          errors[which] = both_forms(*g, bytes, AllGatherAlgorithm::kAuto, it * 2 + which);
+          errors[which] = both_forms(*g, bytes, Schedule::kAuto, it * 2 + which);
         }
       };
       std::thread other(drive, sub.value(), 1);

@@ -226,6 +226,39 @@ TEST(SingleCopyFallback, MismatchOnTheSingleCopyPathLeavesTheGroupUsable) {
   }));
 }
 
+// Settings may differ between ranks: one rank planning single copy (its
+// FG_SINGLE_COPY_MIN_BYTES lower) while the others plan copy-in/copy-out
+// would read offers as ring bytes. The plan travels in the step headers: a
+// mismatch on every member, naming single copy, and the group stays usable.
+TEST(SingleCopyFallback, RanksWhoseSettingsPlanDifferentProtocolsDisagree) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    Config mine = c;
+    Settings s;
+    if (c.rank == 1) s.single_copy_min_bytes = 64 << 10;
+    mine.settings = s;
+    auto comm = Communicator::create(mine);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const size_t bytes = 256 << 10;
+    Tensor in = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+    Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * 3});
+    fill_pattern(in.data(), bytes, c.rank, 7);
+    Status st = all_gather(g, in.view(), out.view());
+    RANK_CHECK(st.kind() == ErrorKind::kMismatch && st.message().find("single copy") != std::string::npos,
+               "planned differently, the call returned {}", st.to_string());
+    // Below both thresholds the plans agree again.
+    const size_t small = 32 << 10;
+    Tensor in2 = Tensor::empty(DType::kU8, {static_cast<int64_t>(small)});
+    Tensor out2 = Tensor::empty(DType::kU8, {static_cast<int64_t>(small) * 3});
+    fill_pattern(in2.data(), small, c.rank, 8);
+    RANK_OK(all_gather(g, in2.view(), out2.view()));
+    for (int r = 0; r < 3; ++r) {
+      RANK_CHECK(check_pattern(out2.data_as<char>() + r * small, small, r, 8) < 0, "block {}", r);
+    }
+    return "";
+  }));
+}
+
 // Symmetric inputs (Group::empty): read in place by the peers, below kMin
 // through the ring path's posts, from kMin through single copy's offers (or
 // the ring path when single copy is off or refused); every byte, both forms

@@ -14,37 +14,31 @@
 #include <span>
 
 #include "fastgather/communicator.hpp"
+#include "fastgather/schedule.hpp"
 #include "fastgather/status.hpp"
 #include "fastgather/tensor.hpp"
 
 namespace fastgather {
 
-enum class AllGatherAlgorithm {
-  kAuto,  // by size: inline in the synchronisation line (<= 32 B), else one-shot;
-          // across servers, direct for small messages and hierarchical for large
-  kRing,  // the classic ring: n-1 steps, each forwarding one block; one server only
-  // Across servers (within one server both mean the one-shot):
-  kDirect,        // every member sends its block to every member on other servers
-  kHierarchical,  // gather within servers, leaders exchange, relay within servers
-};
-// The schedule a call ran.
-enum class CallSchedule { kNone, kOneShot, kRing, kDirect, kHierarchical };
-const char* to_string(CallSchedule schedule);  // "one-shot", "ring", "direct", "hierarchical"
-
-// Where one call's time went, on this rank.
+// Where one call's time went, and how it ran, on this rank.
 struct CallStats {
-  CallSchedule schedule = CallSchedule::kNone;
+  Schedule schedule = Schedule::kAuto;  // what ran (kAuto: no call has filled these yet)
+  // Among the members on this server: "inline", "copy-in/copy-out" or
+  // "single copy" (where single copy fell back, copy-in/copy-out).
+  const char* protocol = "";
+  size_t piece_bytes = 0;     // bytes per shared-memory step the call was planned with
   double intra_ns = 0;        // the phase among members on this server (shared memory)
   double inter_ns = 0;        // the rest: waiting for other servers' bytes and relaying them
   bool single_copy = false;   // peers' blocks were read straight from their memory (CMA)
   // This rank's block went into the shared-memory ring with streaming stores
   // (learned per size as the faster way here, or Settings::copy_in).
   bool streamed_in = false;
+  bool in_place = false;  // some member's block was read where it lies, in its owner's symmetric heap
 };
 
 struct AllGatherOptions {
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;  // every member must pass the same
-  CallStats* stats = nullptr;                                 // filled when set
+  Schedule schedule = Schedule::kAuto;  // every member must pass the same
+  CallStats* stats = nullptr;           // filled when set
 };
 
 // A collective in flight. On one group, requests run in the order they were
@@ -104,7 +98,7 @@ struct AllGatherMatmulOptions {
   // 1: the op's own packed single-thread GEMM (where the CPU has AVX2+FMA+F16C,
   // unless FG_FUSED_GEMM=openblas); more: OpenBLAS sgemm with that many threads.
   int gemm_threads = 1;
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::kAuto;  // kRing is not offered here
+  Schedule schedule = Schedule::kAuto;  // every member must pass the same; kRing is not offered here
   CallStats* stats = nullptr;
 };
 

@@ -11,6 +11,7 @@
 
 #include "algo/copy_in.hpp"
 #include "algo/function_ref.hpp"
+#include "fastgather/schedule.hpp"
 #include "fastgather/settings.hpp"
 #include "engine/task.hpp"
 #include "fastgather/status.hpp"
@@ -21,26 +22,9 @@ namespace fastgather::algo {
 enum class OpCode : uint32_t { kAllGather = 1, kAllGatherMatmul = 2, kBarrier = 3, kBroadcast = 4 };
 const char* op_name(OpCode op);
 
-enum class Protocol {
-  kInline,  // bytes ride in the post line: one cache-line transfer per peer
-  kCopyInOut,  // one-shot: copy in to own ring buffer, peers copy out, in pipeline steps
-  kSingleCopy,  // one-shot, large: peers read the owner's input straight into their
-                // output (CMA, process_vm_readv), then a second step says they are done
-};
-
-// The schedule. kOneShot is the protocol table's choice; kRingPass is the
-// classic ring (n-1 steps, each member forwards the block it received last),
-// kept as the multi-step comparator: more copies and a synchronisation per step.
-// Across servers (allgather_net.hpp): kDirect sends every block to every
-// member on another server; kHierarchical gathers within each server, lets
-// one leader per server exchange the server's blocks, and relays what the
-// leader received through shared memory.
-enum class Schedule : uint8_t { kOneShot = 0, kRingPass = 1, kDirect = 2, kHierarchical = 3 };
-const char* schedule_name(Schedule s);
-
 // Where the time of a call went, for the benchmark's shares.
 struct GatherStats {
-  Schedule schedule = Schedule::kOneShot;
+  Schedule schedule = Schedule::kAuto;  // the plan's
   double intra_ns = 0;  // the server-local (shared-memory) phase
   double inter_ns = 0;  // after it: waiting for other servers' bytes, relaying them
   // A kMismatch from comparing headers, so naming both calls (a truncated
@@ -48,16 +32,8 @@ struct GatherStats {
   bool headers_compared = false;
   bool single_copy = false;  // the server-local phase read peers' blocks by single copy
   bool streamed_in = false;  // this member's block went into its ring with streaming stores
+  bool in_place = false;     // some member's block was read where it lies, in its owner's heap
 };
-
-struct ProtocolRule {
-  size_t max_bytes;  // per member, inclusive
-  Protocol protocol;
-  const char* name;
-};
-// Ordered by max_bytes; the first rule that fits is taken.
-std::span<const ProtocolRule> protocol_table();
-const ProtocolRule& choose_protocol(size_t bytes_per_member);
 
 // What a call follows when it is handed no group's settings (tests that
 // build a call by hand): the defaults.
@@ -71,7 +47,7 @@ struct GatherCall {
   const std::byte* input = nullptr;
   size_t bytes = 0;             // per member
   size_t align = 1;             // every piece is a multiple of this (a row)
-  Schedule schedule = Schedule::kOneShot;
+  Schedule schedule = Schedule::kAuto;  // as asked (plan_call decides what runs)
   // Where member m's block ends up (the sink puts it there). The ring reads
   // forwarded blocks back from it; across servers, receives land in it
   // directly and the sink is then called with src == landing. Null: the op
@@ -97,26 +73,12 @@ struct GatherCall {
 // step, while peers are still copying in.
 using PieceSink = FunctionRef<void(int member, size_t offset, const std::byte* src, size_t len)>;
 
-// A coroutine: run it with co_await, or hand it to an engine::Driver. `sink`
-// and what call points to must outlive it.
-engine::Task<Status> gather(transport::ShmChannel& channel, GatherCall call, PieceSink sink);
+struct CallPlan;  // plan.hpp
 
-// The header every member posts for this call, and its words for errors.
-transport::PostHeader header_of(const GatherCall& call);
-std::string describe(const GatherCall& call, const transport::PostHeader& h);
-
-// Single copy: from settings->single_copy_min_bytes per member, on a channel
-// whose members can read each other, for the one-shot schedule of an op that
-// keeps the gathered blocks (call.landing set).
-bool uses_single_copy(const transport::ShmChannel& channel, const GatherCall& call);
-// The same, call.landing aside: whether an op should give one to get it.
-bool single_copy_suits(const transport::ShmChannel& channel, const GatherCall& call);
-
-// Largest piece the ring protocol hands to the sink for this alignment (0: a
-// row does not fit one step).
-size_t max_piece(const transport::ShmChannel& channel, size_t align);
-// The step in which the ring protocol streams a block (the channel's
-// pipeline_bytes(), in whole rows; max_piece() where a row exceeds it).
-size_t pipeline_piece(const transport::ShmChannel& channel, size_t align);
+// Runs the server-local part of `plan` (plan_call's for this call): the
+// one-shot or the ring schedule, by the plan's protocol. A coroutine: run it
+// with co_await, or hand it to an engine::Driver. `sink`, `plan` and what
+// call points to must outlive it.
+engine::Task<Status> gather(transport::ShmChannel& channel, GatherCall call, const CallPlan& plan, PieceSink sink);
 
 }  // namespace fastgather::algo

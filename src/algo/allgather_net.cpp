@@ -1,5 +1,6 @@
 #include "algo/allgather_net.hpp"
 
+#include "algo/lockstep.hpp"
 #include "engine/waits.hpp"
 
 #include <algorithm>
@@ -38,17 +39,18 @@ struct Pieces {
 
 class Across {
  public:
-  Across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, PieceSink sink)
-      : local_(local), net_(net), topo_(topo), call_(call), sink_(sink),
-        pieces_{call.bytes, net_piece_bytes(call.bytes, call.align, call.settings->net_piece_bytes)}, mine_(header_of(call)) {}
+  Across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
+         PieceSink sink)
+      : local_(local), net_(net), topo_(topo), call_(call), plan_(plan), sink_(sink),
+        pieces_{call.bytes, plan.net_piece}, mine_(header_of(call, plan)) {}
 
   // The engine keeps the network moving while this member waits for local
   // peers (the local gather, the relay) whenever anything is in flight.
-  engine::Task<Status> run(Schedule schedule) {
+  engine::Task<Status> run() {
     const uint32_t callno = net_.next_call();
     Status s;
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
-    if (schedule == Schedule::kDirect) {
+    if (plan_.schedule == Schedule::kDirect) {
       s = co_await direct(callno);
     } else {
       s = co_await hierarchical(callno);
@@ -90,7 +92,7 @@ class Across {
       }
       sink_(member, off, src, len);
     };
-    Status s = co_await gather(local_, c, translate);
+    Status s = co_await gather(local_, c, plan_, translate);
     if (s.kind() == ErrorKind::kMismatch) headers_compared = true;
     co_return s;
   }
@@ -223,42 +225,41 @@ class Across {
         if (Status f = forward(callno, m, call_.bytes); !f.ok()) co_return f;  // 0 bytes: the header alone
       }
     }
-    const size_t chunk = call_.bytes == 0 ? 0 : max_piece(local_, call_.align);
-    if (call_.bytes != 0 && chunk == 0) {
-      co_return Status{ErrorKind::kUnsupported, fmt::format("{}: a {}-byte row exceeds the {}-byte ring step",
-                                                            local_.label(), call_.align, local_.max_step_bytes())};
-    }
+    const size_t chunk = plan_.relay_piece;
     const int remote_members = topo_.members() - topo_.local_count();
     const bool relay = topo_.local_count() > 1 && call_.bytes != 0;
+    // The relay's steps through the leader's ring: a lockstep in which only
+    // the leader posts bytes, with their owner and offset in its header. The
+    // first is a full lockstep among the server's members: after it, everyone
+    // has finished reading everyone's last local-phase step. Later ones wait
+    // for the leader only (the leader waits for everyone, so nobody is more
+    // than one step ahead of another), and the leader for everyone: their
+    // post of a step says they are done with the one before.
+    CallState relay_state(local_, call_, plan_);
+    relay_state.first = false;  // the local phase compared the headers
+    constexpr int kLeader = 0;  // the leader is local member 0
 
     if (!am_leader) {
       // As many relay steps as the leader will post: each remote piece, cut into ring steps.
       size_t steps = 0;
       for (uint32_t p = 0; relay && p < pieces_.count(); ++p) steps += (pieces_.length(p) + chunk - 1) / chunk;
       steps *= static_cast<size_t>(remote_members);
-      for (size_t i = 0; i < steps; ++i) {
-        const uint64_t step = local_.next_step();
-        local_.post(step, mine_);
-        // The first relay step is a full lockstep among the server's
-        // members: after it, everyone has finished reading everyone's last
-        // local-phase step. Later relay steps wait for the leader only, so
-        // without this a member two relay steps ahead would reuse the post
-        // line (and ring header) another member was still reading from the
-        // local phase (seen: 3 members on a server got stale blocks).
-        for (int peer = 1; i == 0 && peer < local_.members(); ++peer) {
-          if (peer == local_.me()) continue;
-          if (auto l = co_await engine::arrival(local_, peer, step); !l.ok()) co_return l.status();
-        }
-        auto line = co_await engine::arrival(local_, 0, step);  // the leader is local member 0
-        if (!line.ok()) co_return line.status();
-        const PostHeader& h = line.value()->header;
+      auto nothing = [] {};
+      auto relayed = [&](int peer, const PostHeader& h, const std::byte* src) {
+        if (peer != kLeader) return;
         const int owner = static_cast<int>(h.aux >> 48);
         const size_t off = h.aux & ((uint64_t{1} << 48) - 1);
-        sink_(owner, off, local_.member_data(0, h.offset), h.bytes);
+        sink_(owner, off, src, h.bytes);
+      };
+      for (size_t i = 0; i < steps; ++i) {
+        const Step empty{.only_from = i == 0 ? -1 : kLeader};
+        if (Status s = co_await lockstep(relay_state, empty, nothing, relayed); !s.ok()) co_return s;
       }
       co_return Status::Ok();
     }
 
+    auto nothing = [] {};
+    auto ignore = [](int, const PostHeader&, const std::byte*) {};
     for (size_t left = expected_.size(); left > 0; --left) {
       auto e = co_await next_piece();
       if (!e.ok()) co_return e.status();
@@ -268,21 +269,11 @@ class Across {
       const std::byte* src = landing(owner, off0);
       sink_(owner, off0, src, len0);
       for (size_t at = 0; relay && at < len0; at += chunk) {
-        const size_t len = std::min(chunk, len0 - at);
-        const uint64_t step = local_.next_step();
-        uint32_t ring_at = 0;
-        copy_into_ring(CopyIn::kCached, local_.claim(len, &ring_at), src + at, len);
         PostHeader h = mine_;
-        h.bytes = len;
+        h.bytes = std::min(chunk, len0 - at);
         h.aux = (uint64_t(owner) << 48) | (off0 + at);
-        h.offset = ring_at;
-        local_.post(step, h);
-        // Lockstep with the members (see shm_channel.hpp): their post of this
-        // step says they are done with the one before.
-        for (int i = 1; i < local_.members(); ++i) {
-          auto line = co_await engine::arrival(local_, i, step);
-          if (!line.ok()) co_return line.status();
-        }
+        const Step piece{.data = src + at, .len = h.bytes, .header = &h};
+        if (Status s = co_await lockstep(relay_state, piece, nothing, ignore); !s.ok()) co_return s;
       }
     }
     co_return co_await engine::sends_done(net_);
@@ -292,6 +283,7 @@ class Across {
   NetChannel& net_;
   const Topology& topo_;
   const GatherCall& call_;
+  const CallPlan& plan_;
   PieceSink sink_;
   Pieces pieces_;
   const PostHeader mine_;
@@ -305,60 +297,15 @@ class Across {
 
 }  // namespace
 
-int Topology::server_of(int member) const {
-  return static_cast<int>(std::upper_bound(first.begin(), first.end(), member) - first.begin()) - 1;
-}
-
-Topology Topology::of(const std::vector<int>& server_of_member, int me) {
-  Topology t;
-  for (size_t m = 0; m < server_of_member.size(); ++m) {
-    if (m == 0 || server_of_member[m] != server_of_member[m - 1]) t.first.push_back(static_cast<int>(m));
-  }
-  t.first.push_back(static_cast<int>(server_of_member.size()));
-  t.mine = t.server_of(me);
-  return t;
-}
-
-// The crossover's default (Settings::hier_min_bytes): measured on TCP
-// loopback (docs/multinode.md), hierarchical - the leader forwarding pieces
-// while the local gather runs - was as fast or faster from well below it;
-// direct keeps the small messages, where a real network's extra hop would show.
-Schedule choose_schedule(const Topology& topo, size_t bytes, Schedule requested, size_t hier_min_bytes) {
-  // Nothing to relay: only direct lets every member see every other member's header.
-  if (bytes == 0) return Schedule::kDirect;
-  if (requested == Schedule::kDirect || requested == Schedule::kHierarchical) return requested;
-  if (topo.one_per_server()) return Schedule::kDirect;  // nothing to relay: the same messages
-  return bytes >= hier_min_bytes ? Schedule::kHierarchical : Schedule::kDirect;
-}
-
-size_t net_piece_bytes(size_t bytes, size_t align, size_t configured) {
-  configured = std::max<size_t>(configured, 4096);
-  align = std::max<size_t>(align, 1);
-  size_t piece = std::max(align, configured / align * align);
-  // The tag has 16 bits for the piece: large blocks get larger pieces.
-  const size_t min_piece = (bytes + transport::kMaxNetPieces - 1) / transport::kMaxNetPieces;
-  if (piece < min_piece) piece = (min_piece + align - 1) / align * align;
-  return piece;
-}
-
 engine::Task<Status> gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
-                                   PieceSink sink) {
+                                   const CallPlan& plan, PieceSink sink) {
   if (!net.broken().ok()) co_return net.broken();
   if (!local.broken().ok()) co_return local.broken();
-  if (call.schedule == Schedule::kRingPass) {
-    co_return Status{ErrorKind::kUnsupported, fmt::format("{}: the ring schedule runs within one server; a group across "
-                                                          "servers runs direct or hierarchical", net.label())};
-  }
-  if (call.bytes != 0 && call.landing == nullptr) {
-    co_return Status{ErrorKind::kUnsupported, fmt::format("{}: this op keeps no copy of the gathered blocks", net.label())};
-  }
-  GatherCall c = call;
-  c.schedule = choose_schedule(topo, call.bytes, call.schedule, call.settings->hier_min_bytes);
+  if (!plan.error.ok()) co_return plan.error;
   const auto t0 = Clock::now();
-  Across run(local, net, topo, c, sink);
-  Status s = co_await run.run(c.schedule);
+  Across run(local, net, topo, call, plan, sink);
+  Status s = co_await run.run();
   if (call.stats != nullptr) {
-    call.stats->schedule = c.schedule;
     call.stats->intra_ns = run.intra_ns;
     call.stats->inter_ns = ns_since(t0) - run.intra_ns;
     call.stats->headers_compared = run.headers_compared;

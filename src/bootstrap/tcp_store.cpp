@@ -270,6 +270,10 @@ int bound_port(int listen_fd) {
                                         : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
 }
 
+namespace {
+std::atomic<int> g_running_servers{0};  // TcpStoreServer::running()
+}  // namespace
+
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& addr, int port,
                                                               StoreAdmission admission, int listen_fd) {
   std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
@@ -293,14 +297,20 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string&
   s->port_ = bound_port(st.listen_fd);
   st.wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   s->thread_ = std::thread([srv = s.get()] { srv->loop(); });
+  g_running_servers.fetch_add(1);
   return s;
 }
+
+int TcpStoreServer::running() { return g_running_servers.load(); }
 
 TcpStoreServer::~TcpStoreServer() {
   if (!state_) return;
   uint64_t one = 1;
   (void)!::write(state_->wake_fd, &one, sizeof(one));
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    g_running_servers.fetch_sub(1);
+  }
   for (auto& [fd, c] : state_->clients) ::close(fd);
   ::close(state_->listen_fd);
   ::close(state_->wake_fd);

@@ -105,6 +105,9 @@ class TcpStoreServer {
   // Bytes held for connections that have not said HELLO (what a stranger
   // can make this process keep).
   size_t stranger_bytes() const;
+  // Servers of this process whose thread is running: a process that forks
+  // must know (see fgtest::run_job and docs/reliability.md).
+  static int running();
 
  private:
   TcpStoreServer() = default;

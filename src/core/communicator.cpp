@@ -659,7 +659,6 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   impl->settings = settings;
   impl->copy_in = algo::CopyInChooser(settings.copy_in);
   impl->copy_in_fused = algo::CopyInChooser(settings.copy_in);
-  impl->topo = algo::Topology::of(server_of_member, me);
   // Waiting policy by how many processes compete for this host's cores.
   const int on_host = loopback ? config.world_size : config.ranks_on(config.server_index);
   const auto policy =
@@ -700,6 +699,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (!agreed.ok()) return fail(agreed.status());
     if (!agreed.value() && try_single_copy) say_single_copy_refused(why);
   }
+  impl->shape = algo::GroupShape::of(*impl->channel, algo::Topology::of(server_of_member, me));
 
   if (spans) {
     // A group id for the tags of its messages, and an endpoint to every
@@ -762,7 +762,8 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     algo::GatherCall hello;
     hello.op = algo::OpCode::kBarrier;
     auto nothing = [](int, size_t, const std::byte*, size_t) {};
-    if (Status s = engine::Driver::run(algo::gather_across(*impl->channel, *impl->net, impl->topo, hello, nothing),
+    const algo::CallPlan plan = algo::plan_call(impl->shape, hello);
+    if (Status s = engine::Driver::run(algo::gather_across(*impl->channel, *impl->net, impl->shape.topo, hello, plan, nothing),
                                        impl->drive_options());
         !s.ok()) {
       return fail(s);

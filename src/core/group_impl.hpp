@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "algo/allgather_net.hpp"
+#include "algo/plan.hpp"
 #include "algo/copy_in.hpp"
 #include "engine/driver.hpp"
 #include "fastgather/communicator.hpp"
@@ -31,7 +32,9 @@ struct Group::Impl {
   std::shared_ptr<Tensor::Owner> heap_owner;
   // Across servers: null when every member is on this server.
   std::unique_ptr<transport::NetChannel> net;
-  algo::Topology topo;
+  // What plan_call needs to know of the group (shape.topo: its layout);
+  // fixed once the group is made.
+  algo::GroupShape shape;
   // Across servers, a member that fails a call on a mismatch closes its
   // endpoints; the members that then lose it learn why through the store.
   std::function<void(const Status&)> publish_failure;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "algo/allgather.hpp"
+#include "algo/plan.hpp"
 #include "core/group_impl.hpp"
 #include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
@@ -142,25 +143,26 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
   call.bytes = m * row_bytes;
   call.align = row_bytes == 0 ? 1 : row_bytes;
   call.copy_in = &impl_of(group)->copy_in_fused;
-  if (options.algorithm == AllGatherAlgorithm::kRing) {
+  if (options.schedule == Schedule::kRing) {
     co_return ops::invalid(group, kOp, "the ring schedule is offered for all_gather only");
   }
-  call.schedule = options.algorithm == AllGatherAlgorithm::kDirect         ? algo::Schedule::kDirect
-                  : options.algorithm == AllGatherAlgorithm::kHierarchical ? algo::Schedule::kHierarchical
-                                                                           : algo::Schedule::kOneShot;
+  call.schedule = options.schedule;
+  call.settings = &impl_of(group)->settings;
+  std::byte* kept = gather_bytes;
+  auto landing = [&](int member) -> std::byte* { return kept + static_cast<size_t>(member) * call.bytes; };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  call.landing = &landing_ref;
   // Across servers, blocks from other servers are received into memory
   // before they are multiplied: gather_out when asked for, else a buffer
-  // the group keeps. So are large blocks read by single copy.
-  const bool keep = options.gather_output || spans_servers(group) || algo::single_copy_suits(ch, call);
-  std::byte* kept = gather_bytes;
+  // the group keeps. So are blocks the plan reads by single copy.
+  const bool keep = options.gather_output || spans_servers(group) ||
+                    algo::plan_call(impl_of(group)->shape, call).protocol == algo::Protocol::kSingleCopy;
   if (!options.gather_output && keep) {
     auto& landed = impl_of(group)->landed;
     if (landed.size() < call.bytes * static_cast<size_t>(group.size())) landed.resize(call.bytes * group.size());
     kept = landed.data();
   }
-  auto landing = [&](int member) -> std::byte* { return kept + static_cast<size_t>(member) * call.bytes; };
-  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
-  if (keep) call.landing = &landing_ref;
+  if (!keep) call.landing = nullptr;
 
   // Multiplies rows [row0, row0+rows) of allgather(x1), readable at src.
   auto multiply = [&](size_t row0, size_t rows, const std::byte* src) {

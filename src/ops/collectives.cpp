@@ -10,28 +10,7 @@
 
 namespace fastgather {
 
-const char* to_string(CallSchedule s) {
-  switch (s) {
-    case CallSchedule::kNone: return "none";
-    case CallSchedule::kOneShot: return "one-shot";
-    case CallSchedule::kRing: return "ring";
-    case CallSchedule::kDirect: return "direct";
-    case CallSchedule::kHierarchical: return "hierarchical";
-  }
-  return "unknown-schedule";
-}
-
 namespace {
-
-algo::Schedule schedule_for(AllGatherAlgorithm a) {
-  switch (a) {
-    case AllGatherAlgorithm::kRing: return algo::Schedule::kRingPass;
-    case AllGatherAlgorithm::kDirect: return algo::Schedule::kDirect;
-    case AllGatherAlgorithm::kHierarchical: return algo::Schedule::kHierarchical;
-    case AllGatherAlgorithm::kAuto: break;
-  }
-  return algo::Schedule::kOneShot;
-}
 
 algo::GatherCall gather_call(const TensorView& input, const AllGatherOptions& options) {
   algo::GatherCall call;
@@ -39,7 +18,7 @@ algo::GatherCall gather_call(const TensorView& input, const AllGatherOptions& op
   call.dtype = static_cast<uint32_t>(input.dtype);
   call.input = static_cast<const std::byte*>(input.data);
   call.bytes = input.nbytes();
-  call.schedule = schedule_for(options.algorithm);
+  call.schedule = options.schedule;
   return call;
 }
 

@@ -9,29 +9,30 @@
 
 #include "algo/allgather.hpp"
 #include "algo/allgather_net.hpp"
+#include "algo/plan.hpp"
 #include "core/group_impl.hpp"
 #include "fastgather/ops.hpp"
 
 namespace fastgather::ops {
 
-// Runs an all-gather schedule on the group: within one server, or across.
-// stats, when set, says where the time went.
-// A coroutine: `sink` must outlive it.
+// Plans the call (algo::plan_call) and runs the plan on the group: within
+// one server, or across. stats, when set, says how it ran and where the
+// time went. A coroutine: `sink` must outlive it.
 inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
   Group::Impl& i = *impl_of(g);
   call.settings = &i.settings;
+  const algo::CallPlan plan = algo::plan_call(i.shape, call);
   algo::GatherStats st;
   call.stats = &st;
   Status s;
   if (i.net == nullptr) {
-    if (stats == nullptr) co_return co_await algo::gather(*i.channel, call, sink);  // the hot path: no clock reads
+    if (stats == nullptr) co_return co_await algo::gather(*i.channel, call, plan, sink);  // the hot path: no clock reads
     const auto t0 = std::chrono::steady_clock::now();
-    s = co_await algo::gather(*i.channel, call, sink);
-    st.schedule = call.schedule == algo::Schedule::kRingPass ? call.schedule : algo::Schedule::kOneShot;
+    s = co_await algo::gather(*i.channel, call, plan, sink);
     st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   } else {
     const bool was_broken = !i.net->broken().ok() || !i.channel->broken().ok();
-    s = co_await algo::gather_across(*i.channel, *i.net, i.topo, call, sink);
+    s = co_await algo::gather_across(*i.channel, *i.net, i.shape.topo, call, plan, sink);
     if (!s.ok() && !was_broken && (s.kind() == ErrorKind::kMismatch || s.kind() == ErrorKind::kPeerLost)) {
       // Say what we saw at once, if it names both calls; otherwise what
       // another member saw may say more (a truncated message has no header).
@@ -45,14 +46,11 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Pi
     }
   }
   if (stats != nullptr) {
-    CallSchedule typed = CallSchedule::kOneShot;
-    switch (st.schedule) {
-      case algo::Schedule::kOneShot: typed = CallSchedule::kOneShot; break;
-      case algo::Schedule::kRingPass: typed = CallSchedule::kRing; break;
-      case algo::Schedule::kDirect: typed = CallSchedule::kDirect; break;
-      case algo::Schedule::kHierarchical: typed = CallSchedule::kHierarchical; break;
-    }
-    *stats = {typed, st.intra_ns, st.inter_ns, st.single_copy, st.streamed_in};
+    // Single copy that fell back ran copy-in/copy-out.
+    const algo::Protocol ran = plan.protocol == algo::Protocol::kSingleCopy && !st.single_copy ? algo::Protocol::kCopyInOut
+                                                                                                : plan.protocol;
+    *stats = {plan.schedule,  algo::protocol_name(ran), plan.piece,    st.intra_ns,
+              st.inter_ns,    st.single_copy,           st.streamed_in, st.in_place};
   }
   co_return s;
 }

@@ -20,7 +20,7 @@ MUTATIONS=(
   "the packed GEMM skips the last k of each pass|src/ops/gemm.cpp|s/for \(size_t kk = 0; kk < kc; \+\+kk\)/for (size_t kk = 0; kk + 1 < kc; ++kk)/|test_allgather_matmul|AllGatherMatmul/Fused.*packed"
   "the packed GEMM multiplies a 4-row tile as 3 rows|src/ops/gemm.cpp|s/case 4: return kernel<4>/case 4: return kernel<3>/|test_allgather_matmul|AllGatherMatmul/Fused.*packed"
   "single copy leaves the last byte of each piece unread|src/algo/allgather.cpp|s/ch\.read_peer\(peer, dst \+ off, theirs\.addr \+ off, len\)/ch.read_peer(peer, dst + off, theirs.addr + off, len - 1)/|test_single_copy|WorldSizes/SingleCopy.*"
-  "owners of in-place blocks leave without waiting for their readers|src/algo/allgather.cpp|s/  if \(in_place\) \{\n    \/\/ An owner/  if (false \&\& in_place) {\n    \/\/ An owner/|test_single_copy|SymmetricFallback.*"
+  "owners of in-place blocks leave without waiting for their readers|src/algo/allgather.cpp|s/  if \(st\.in_place\) \{\n    \/\/ An owner/  if (false \&\& st.in_place) {\n    \/\/ An owner/|test_single_copy|SymmetricFallback.*"
   "peers read an in-place block from the owner's ring|src/algo/allgather.cpp|s/: ch\.member_data\(peer, theirs\)\);/: ch.member_data(peer, theirs.offset));/|test_single_copy|SymmetricFallback.*:SymmetricMixed.*"
   "members cut blocks by a step of their own, not the creator's|src/transport/shm_channel.cpp|s/pipeline_bytes_ = reinterpret_cast<const SegmentHeader\*>\(segment_\.data\(\)\)->pipeline_bytes;/pipeline_bytes_ = me_ == 0 ? reinterpret_cast<const SegmentHeader*>(segment_.data())->pipeline_bytes : ring_bytes_ \/ 4 \/ 64 * 64;/|test_single_copy|Pipeline.RanksAskingForDifferentStepsFollowTheCreator"
   "the own block's pipeline pieces all land at its start|src/algo/allgather.cpp|s/if \(len != 0 && contributes\) sink\(me, off, call\.input \+ off, len\);/if (len != 0 \&\& contributes) sink(me, 0, call.input + off, len);/|test_single_copy|Pipeline.OddStepsEveryByte"
@@ -44,7 +44,10 @@ MUTATIONS=(
   "abort() does not reach the group's shared memory (the signal-safe path)|src/core/communicator.cpp|s/if \(transport::ShmChannel\* ch = slot\.load\(std::memory_order_acquire\)\) ch->abort_now\(\);//|test_engine|Abort.FromASignalHandlerOutsideACallReachesThePeers"
   "test() alone never looks at the peers' health or the deadline|src/engine/driver.cpp|s/if \(!round\(Clock::now\(\) - wait_began_\)\) return false;/if (!round(Clock::duration::zero())) return false;/|test_engine|Requests.TestAloneNoticesADeadPeerAndTheDeadline"
   "calls do not consult the group's copy-in learner|src/ops/collectives.cpp|s/call\.copy_in = &impl_of\(group\)->copy_in;/call.copy_in = nullptr;/g|test_settings|CopyIn.TheGroupsLearnerDecidesHowEachCallCopiesIn"
-  "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/i == 0 && peer < local_\.members\(\)/i < 0 \&\& peer < local_.members()/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
+  "the hierarchical relay's first step is not a full lockstep|src/algo/allgather_net.cpp|s/\.only_from = i == 0 \? -1 : kLeader/.only_from = kLeader/|test_multinode|Layouts/AcrossServers.*dp5:Layouts/AcrossServers.*dp6:Layouts/AcrossServers.*dp8"
+  "step headers leave the protocol out|src/algo/plan.cpp|s/static_cast<unsigned>\(plan\.protocol\) << 6/0/|test_single_copy|SingleCopyFallback.RanksWhoseSettingsPlanDifferentProtocolsDisagree"
+  "the plan offers single copy to an op that keeps no blocks|src/algo/plan.cpp|s/call\.root < 0 && call\.landing != nullptr &&\n/call.root < 0 \&\&\n/|test_algo|Plan.*"
+  "the plan runs a ring of two members|src/algo/plan.cpp|s/topo\.members\(\) > 2 && call\.landing/topo.members() > 1 \&\& call.landing/|test_algo|Plan.*"
 )
 
 if [ -n "${FG_MUTATIONS_ONLY:-}" ]; then

@@ -40,11 +40,12 @@ class AllGatherCase : public Case {
     stats_out_ = s.shares ? &stats_ : nullptr;
     options_.stats = stats_out_;
     op = form == Form::kContiguous ? "all_gather" : "all_gather_list";
-    switch (options.algorithm) {
-      case AllGatherAlgorithm::kAuto: impl = "fastgather"; break;
-      case AllGatherAlgorithm::kRing: impl = "ring"; break;
-      case AllGatherAlgorithm::kDirect: impl = "direct"; break;
-      case AllGatherAlgorithm::kHierarchical: impl = "hierarchical"; break;
+    switch (options.schedule) {
+      case Schedule::kAuto: impl = "fastgather"; break;
+      case Schedule::kOneShot: impl = "one-shot"; break;
+      case Schedule::kRing: impl = "ring"; break;
+      case Schedule::kDirect: impl = "direct"; break;
+      case Schedule::kHierarchical: impl = "hierarchical"; break;
     }
     if (form == Form::kStagedList) impl = "staged";
     m = s.m;
@@ -249,9 +250,9 @@ class AllGatherMatmulCase : public Case {
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous);
 }
-std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, AllGatherAlgorithm algorithm) {
+std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, Schedule schedule) {
   AllGatherOptions o;
-  o.algorithm = algorithm;
+  o.schedule = schedule;
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kContiguous, o);
 }
 std::unique_ptr<Case> make_private_all_gather(Group& g, const CaseShape& s) {

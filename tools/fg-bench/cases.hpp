@@ -32,7 +32,7 @@ class Case {
   using Clock = std::chrono::steady_clock;
   // Across servers: the call's server-local and inter-server shares.
   void account(const CallStats& st) {
-    if (st.schedule != CallSchedule::kDirect && st.schedule != CallSchedule::kHierarchical) return;
+    if (st.schedule != Schedule::kDirect && st.schedule != Schedule::kHierarchical) return;
     const std::string sched = to_string(st.schedule);
     phase_us["intra-server"] += st.intra_ns / 1000.0;
     phase_us["inter-server (" + sched + ")"] += st.inter_ns / 1000.0;
@@ -64,7 +64,7 @@ struct CaseShape {
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);
 // The same all-gather with a schedule forced: kRing (n-1 steps, one server),
 // kDirect or kHierarchical (across servers); impl names the schedule.
-std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, AllGatherAlgorithm algorithm);
+std::unique_ptr<Case> make_all_gather_with(Group& g, const CaseShape& s, Schedule schedule);
 std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s);
 // The same all-gather with its input in private memory whatever s.symmetric
 // says ("private"): what symmetric inputs save.

@@ -302,11 +302,11 @@ std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Opti
       if (o.compare && spans) {
         // Across servers: both schedules, whichever the size chose (the same
         // messages when every server holds one member).
-        cases.push_back([&g, s] { return make_all_gather_with(g, s, AllGatherAlgorithm::kDirect); });
-        if (!one_per_server) cases.push_back([&g, s] { return make_all_gather_with(g, s, AllGatherAlgorithm::kHierarchical); });
+        cases.push_back([&g, s] { return make_all_gather_with(g, s, Schedule::kDirect); });
+        if (!one_per_server) cases.push_back([&g, s] { return make_all_gather_with(g, s, Schedule::kHierarchical); });
       } else if (o.compare && g.size() > 2) {
         // With 2 ranks a ring is the one-shot schedule; beyond, it shows what extra steps cost.
-        cases.push_back([&g, s] { return make_all_gather_with(g, s, AllGatherAlgorithm::kRing); });
+        cases.push_back([&g, s] { return make_all_gather_with(g, s, Schedule::kRing); });
       }
       if (use_mpi) cases.push_back([s] { return mpi::make_all_gather(s, 0); });
     }

@@ -1,0 +1,23 @@
+// How an all-gather moves its blocks: asked for in the ops' options, and
+// reported in CallStats (what a call ran). One enum for both.
+#pragma once
+
+#include <cstdint>
+
+namespace fastgather {
+
+enum class Schedule : uint8_t {
+  // Asked: choose by size and layout (inline in the synchronisation line up to
+  // 32 B, else one-shot; across servers, direct for small messages and
+  // hierarchical for large). Reported: no call has filled the stats yet.
+  kAuto = 0,
+  kOneShot,  // one server: every member's block goes to every peer in the same steps
+  kRing,     // one server: the classic ring, n-1 steps each forwarding one block (a comparator)
+  // Across servers (within one server both run as the one-shot):
+  kDirect,        // every member sends its block to every member on other servers
+  kHierarchical,  // gather within servers, leaders exchange, relay within servers
+};
+// "auto", "one-shot", "ring", "direct", "hierarchical"
+const char* to_string(Schedule schedule);
+
+}  // namespace fastgather

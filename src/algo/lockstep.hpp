@@ -1,0 +1,66 @@
+// The one step every shared-memory schedule is made of: post, then wait for
+// the peers' posts of the same step. No member is ever more than one step
+// ahead of the peers it waits for, which is what lets post lines and ring
+// space be reused (shm_channel.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "algo/allgather.hpp"
+#include "algo/copy_in.hpp"
+#include "algo/function_ref.hpp"
+#include "algo/plan.hpp"
+#include "engine/task.hpp"
+#include "fastgather/status.hpp"
+#include "transport/shm_channel.hpp"
+
+namespace fastgather::algo {
+
+// What one call's steps share: the channel, the call and its plan, the
+// header every step carries, and what the steps have found.
+struct CallState {
+  CallState(transport::ShmChannel& channel, const GatherCall& c, const CallPlan& p)
+      : ch(channel), call(c), plan(p), mine(header_of(c, p)) {}
+
+  transport::ShmChannel& ch;
+  const GatherCall& call;
+  const CallPlan& plan;
+  const transport::PostHeader mine;
+  bool first = true;      // the next step is the call's first: it compares headers
+  std::string mismatch;   // what differed, once a peer's header did
+  int disagreeing = -1;   // world rank of the first peer whose header differed
+  bool in_place = false;  // some member's block was read in its heap: everyone says "done" at the end
+
+  Status mismatch_status() const;
+};
+
+// This member's part of one step.
+struct Step {
+  bool inline_data = false;  // the bytes ride in the post line (at most kInlineBytes)
+  const std::byte* data = nullptr;
+  size_t len = 0;
+  CopyIn how = CopyIn::kCached;  // into the ring
+  // The bytes may be read where they lie when they are in this member's
+  // heap region and the plan allows it.
+  bool may_be_in_place = false;
+  // The step's header: the call's (CallState::mine) unless set. The relay
+  // says in it whose bytes it carries.
+  const transport::PostHeader* header = nullptr;
+  int only_from = -1;  // wait for this member's post alone (-1: every peer's)
+};
+
+// take(peer, header, src): a peer's post of this step; src is where its bytes
+// are readable (in its post line, ring or heap) until this member posts again.
+using Take = FunctionRef<void(int peer, const transport::PostHeader& header, const std::byte* src)>;
+
+// One step: publish the step's bytes, call `posted`, then wait for each
+// peer's post of the same step (starting with the next member, so that
+// peers do not all read the same one first), compare headers on the call's
+// first step and hand each post to `take`. Every peer is waited for even
+// after a mismatch, so all members leave the call at the same step; after
+// one, take is not called.
+engine::Task<Status> lockstep(CallState& st, const Step& step, FunctionRef<void()> posted, Take take);
+
+}  // namespace fastgather::algo

@@ -1,0 +1,212 @@
+#include "algo/plan.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "fastgather/dtype.hpp"
+
+namespace fastgather::algo {
+
+const char* protocol_name(Protocol p) {
+  switch (p) {
+    case Protocol::kInline: return "inline";
+    case Protocol::kCopyInOut: return "copy-in/copy-out";
+    case Protocol::kSingleCopy: return "single copy";
+  }
+  return "unknown-protocol";
+}
+
+int Topology::server_of(int member) const {
+  return static_cast<int>(std::upper_bound(first.begin(), first.end(), member) - first.begin()) - 1;
+}
+
+Topology Topology::of(const std::vector<int>& server_of_member, int me) {
+  Topology t;
+  for (size_t m = 0; m < server_of_member.size(); ++m) {
+    if (m == 0 || server_of_member[m] != server_of_member[m - 1]) t.first.push_back(static_cast<int>(m));
+  }
+  t.first.push_back(static_cast<int>(server_of_member.size()));
+  t.mine = t.server_of(me);
+  return t;
+}
+
+GroupShape GroupShape::of(const transport::ShmChannel& local, const Topology& topo) {
+  GroupShape g;
+  g.topo = topo;
+  g.max_step_bytes = local.max_step_bytes();
+  g.pipeline_bytes = local.pipeline_bytes();
+  g.single_copy = local.single_copy() && local.members() > 1;
+  g.heap = local.heap() != nullptr;
+  g.label = local.label();
+  return g;
+}
+
+size_t max_piece(size_t max_step_bytes, size_t align) { return max_step_bytes / align * align; }
+
+// The crossover's default (Settings::hier_min_bytes): measured on TCP
+// loopback (docs/multinode.md), hierarchical - the leader forwarding pieces
+// while the local gather runs - was as fast or faster from well below it;
+// direct keeps the small messages, where a real network's extra hop would show.
+Schedule choose_schedule(const Topology& topo, size_t bytes, Schedule asked, size_t hier_min_bytes) {
+  // Nothing to relay: only direct lets every member see every other member's header.
+  if (bytes == 0) return Schedule::kDirect;
+  if (asked == Schedule::kDirect || asked == Schedule::kHierarchical) return asked;
+  if (topo.one_per_server()) return Schedule::kDirect;  // nothing to relay: the same messages
+  return bytes >= hier_min_bytes ? Schedule::kHierarchical : Schedule::kDirect;
+}
+
+size_t net_piece_bytes(size_t bytes, size_t align, size_t configured) {
+  configured = std::max<size_t>(configured, 4096);
+  align = std::max<size_t>(align, 1);
+  size_t piece = std::max(align, configured / align * align);
+  // The tag has 16 bits for the piece: large blocks get larger pieces.
+  const size_t min_piece = (bytes + transport::kMaxNetPieces - 1) / transport::kMaxNetPieces;
+  if (piece < min_piece) piece = (min_piece + align - 1) / align * align;
+  return piece;
+}
+
+CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
+  const Settings& settings = *call.settings;
+  const Topology& topo = g.topo;
+  const bool spans = topo.servers() > 1;
+  const int local = topo.local_count();
+  CallPlan p;
+  p.asked = call.schedule;
+  auto refuse = [&](std::string why) {
+    p.error = Status{ErrorKind::kUnsupported, fmt::format("{}: {}", g.label, why)};
+    return p;
+  };
+
+  // The schedule.
+  if (spans) {
+    if (call.schedule == Schedule::kRing) {
+      return refuse("the ring schedule runs within one server; a group across servers runs direct or hierarchical");
+    }
+    if (call.bytes != 0 && call.landing == nullptr) return refuse("this op keeps no copy of the gathered blocks");
+    p.schedule = choose_schedule(topo, call.bytes, call.schedule, settings.hier_min_bytes);
+    p.net_piece = net_piece_bytes(call.bytes, call.align, settings.net_piece_bytes);
+  } else {
+    // A ring of two is the one-shot; the ring forwards blocks read back from
+    // their landing places, so only an op that keeps them runs it.
+    const bool ring = call.schedule == Schedule::kRing && topo.members() > 2 && call.landing != nullptr && call.root < 0;
+    p.schedule = ring ? Schedule::kRing : Schedule::kOneShot;
+  }
+
+  // The protocol among the members on this server.
+  const size_t largest = max_piece(g.max_step_bytes, call.align);
+  const bool single_copy = !spans && p.schedule == Schedule::kOneShot && call.root < 0 && call.landing != nullptr &&
+                           g.single_copy && local > 1 && call.bytes >= settings.single_copy_min_bytes;
+  if (single_copy) {
+    p.protocol = Protocol::kSingleCopy;
+  } else if (call.bytes <= transport::kInlineBytes) {
+    p.protocol = Protocol::kInline;
+  } else {
+    p.protocol = Protocol::kCopyInOut;
+  }
+  const bool relays = p.schedule == Schedule::kHierarchical && call.bytes != 0;
+  if (largest == 0 && local > 1 && (p.protocol != Protocol::kInline || relays)) {
+    return refuse(fmt::format("a {}-byte row exceeds the {}-byte step of the shared-memory ring (FG_RING_BYTES)",
+                              call.align, g.max_step_bytes));
+  }
+  const size_t pipelined = max_piece(g.pipeline_bytes, call.align);
+  p.piece = p.protocol == Protocol::kInline ? call.bytes : (pipelined != 0 ? pipelined : largest);
+  p.read_piece = largest;
+  p.relay_piece = p.schedule == Schedule::kHierarchical ? largest : 0;
+  p.in_place = g.heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline;
+  return p;
+}
+
+// The header's `algo` byte: the schedule asked for (3 bits), the one planned
+// (3 bits) and the protocol (2 bits). Settings may differ between ranks
+// (FG_SINGLE_COPY_MIN_BYTES, FG_HIER_MIN_BYTES): members whose plans differ
+// would otherwise read each other's steps wrongly, and now disagree instead.
+static_assert(static_cast<int>(Schedule::kHierarchical) < 8 && static_cast<int>(Protocol::kSingleCopy) < 4);
+
+transport::PostHeader header_of(const GatherCall& call, const CallPlan& plan) {
+  const auto algo = static_cast<uint8_t>(static_cast<unsigned>(plan.asked) | static_cast<unsigned>(plan.schedule) << 3 |
+                                         static_cast<unsigned>(plan.protocol) << 6);
+  return {call.bytes, call.aux, static_cast<uint8_t>(call.op), algo, static_cast<uint8_t>(call.dtype), 0, 0};
+}
+
+std::string describe(const GatherCall& call, const transport::PostHeader& h) {
+  const auto asked = static_cast<Schedule>(h.algo & 7);
+  const auto ran = static_cast<Schedule>((h.algo >> 3) & 7);
+  const auto protocol = static_cast<Protocol>(h.algo >> 6);
+  // The schedule is said where it was asked for, or planned other than the
+  // default; the protocol where it is the one a setting decides.
+  std::string how = asked != Schedule::kAuto ? to_string(asked) : "";
+  if (ran != Schedule::kOneShot && ran != asked) how += fmt::format("{}{}", how.empty() ? "" : "->", to_string(ran));
+  if (protocol == Protocol::kSingleCopy) how += fmt::format("{}single copy", how.empty() ? "" : ", ");
+  std::string s = fmt::format("{}{} {} bytes of {}", op_name(static_cast<OpCode>(h.op)),
+                              how.empty() ? "" : fmt::format("({})", how), h.bytes,
+                              h.bytes == 0 && h.dtype == 0 ? "-" : dtype_name(static_cast<DType>(h.dtype)));
+  if (call.op == OpCode::kAllGatherMatmul || call.op == OpCode::kBroadcast) s += fmt::format(" with {}={}", call.aux_name, h.aux);
+  return s;
+}
+
+namespace {
+
+std::string size_words(size_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) return fmt::format("{} MiB", b >> 20);
+  if (b >= (1 << 10) && b % (1 << 10) == 0) return fmt::format("{} KiB", b >> 10);
+  return fmt::format("{} bytes", b);
+}
+
+GroupShape example_group(std::vector<int> servers, bool single_copy = true, bool heap = false) {
+  GroupShape g;
+  g.topo = Topology::of(servers, 0);
+  g.max_step_bytes = transport::ShmChannel::max_step_bytes_for(default_settings().ring_bytes);
+  g.pipeline_bytes = 64 << 10;
+  g.single_copy = single_copy;
+  g.heap = heap;
+  g.label = "example";
+  return g;
+}
+
+GatherCall example_call(size_t bytes, Schedule asked = Schedule::kAuto, bool keeps = true) {
+  // plan_call asks only whether the op keeps the blocks, not where.
+  static auto nowhere = [](int) -> std::byte* { return nullptr; };
+  static FunctionRef<std::byte*(int)> keeping(nowhere);
+  GatherCall c;
+  c.bytes = bytes;
+  c.schedule = asked;
+  c.landing = keeps ? &keeping : nullptr;
+  return c;
+}
+
+}  // namespace
+
+std::vector<PlanRow> plan_table() {
+  const Settings& d = default_settings();
+  const std::vector<int> one_server = {0, 0, 0}, two_servers = {0, 0, 1, 1};
+  return {
+      {"one server, the ring asked for, 3+ members, an op that keeps the blocks", "schedule: ring",
+       "n-1 steps, each member forwarding one block",
+       example_call(4096, Schedule::kRing), example_group(one_server)},
+      {"one server, otherwise", "schedule: one-shot", "every member's block to every peer in the same steps",
+       example_call(4096, Schedule::kRing, false), example_group(one_server)},
+      {fmt::format("across servers: 0 bytes; direct asked for; or, unless hierarchical was asked for, one member "
+                   "per server or under {} per member (`FG_HIER_MIN_BYTES`)", size_words(d.hier_min_bytes)),
+       "schedule: direct", "every block sent to every member on another server",
+       example_call(d.hier_min_bytes - 1), example_group(two_servers)},
+      {"across servers, otherwise", "schedule: hierarchical",
+       "gather within servers, one leader per server exchanges, relays through its ring",
+       example_call(d.hier_min_bytes), example_group(two_servers)},
+      {fmt::format("one-shot on one server, >= {} per member (`FG_SINGLE_COPY_MIN_BYTES`), members can read "
+                   "each other, an op that keeps the blocks", size_words(d.single_copy_min_bytes)),
+       "protocol: single copy (copy-in/copy-out unless every owner's input is in huge pages or its heap, "
+       "or `FG_SINGLE_COPY=always`)",
+       "one copy (`process_vm_readv`, or `memcpy` from the heap), one more step",
+       example_call(d.single_copy_min_bytes), example_group(one_server)},
+      {fmt::format("<= {} per member", size_words(transport::kInlineBytes)), "protocol: inline",
+       "one cache-line transfer per peer", example_call(transport::kInlineBytes), example_group(one_server)},
+      {"larger", "protocol: copy-in/copy-out, in pipeline steps", "two copies, no barrier",
+       example_call(transport::kInlineBytes + 1), example_group(one_server)},
+      {fmt::format(">= {} per member, the group has a symmetric heap", size_words(kInPlaceMinBytes)),
+       "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
+       "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
+  };
+}
+
+}  // namespace fastgather::algo

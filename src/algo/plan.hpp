@@ -1,0 +1,116 @@
+// How a call will run, decided once before its first step: the schedule, the
+// protocol among the members on this server, and how large a step or a
+// message is. Every path follows the plan and CallStats reports it.
+//
+// A plan is made from what every member agrees on (the call's size and shape,
+// the op, the group's layout and settings), so every member makes the same
+// one. Two things are left to the call itself, decided by all members from
+// the same posts: whether single copy falls back to copy-in/copy-out (an
+// owner's memory is not worth reading that way), and whether any block is
+// read in place (it lies in its owner's symmetric heap).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "algo/allgather.hpp"
+#include "fastgather/schedule.hpp"
+#include "fastgather/status.hpp"
+#include "transport/net_channel.hpp"
+#include "transport/shm_channel.hpp"
+
+namespace fastgather::algo {
+
+enum class Protocol : uint8_t {
+  kInline,      // bytes ride in the post line: one cache-line transfer per peer
+  kCopyInOut,   // copy in to the own ring, peers copy out, in pipeline steps
+  kSingleCopy,  // peers read the owner's input straight into their output, then
+                // a second step says they are done (falls back to copy-in/copy-out)
+};
+const char* protocol_name(Protocol p);
+
+// Members are numbered in ascending world rank and servers hold consecutive
+// world ranks, so each server's members are consecutive: a Topology is the
+// first member of each server present in the group.
+struct Topology {
+  std::vector<int> first;  // first[s]: first member on the group's s-th server; first.back(): members
+  int mine = 0;            // this member's server slot
+
+  int servers() const { return static_cast<int>(first.size()) - 1; }
+  int members() const { return first.back(); }
+  int server_of(int member) const;
+  int leader(int slot) const { return first[slot]; }
+  int local_count() const { return first[mine + 1] - first[mine]; }
+  bool local(int member) const { return member >= first[mine] && member < first[mine + 1]; }
+  bool one_per_server() const { return members() == servers(); }
+  // From each member's server index (any increasing labels), and this member's position.
+  static Topology of(const std::vector<int>& server_of_member, int me);
+};
+
+// What a plan needs to know of the group.
+struct GroupShape {
+  Topology topo;
+  size_t max_step_bytes = 0;  // the largest step of the shared-memory ring
+  size_t pipeline_bytes = 0;  // the step the ring streams a block in
+  bool single_copy = false;   // the members on this server can read each other's memory
+  bool heap = false;          // the group has a symmetric heap
+  std::string_view label;     // the group, for errors
+  static GroupShape of(const transport::ShmChannel& local, const Topology& topo);
+};
+
+struct CallPlan {
+  Schedule asked = Schedule::kAuto;       // what the op was asked for (members must agree)
+  Schedule schedule = Schedule::kOneShot;  // what runs: never kAuto
+  Protocol protocol = Protocol::kInline;   // among the members on this server
+  size_t piece = 0;        // bytes per shared-memory step (inline: the whole block)
+  size_t read_piece = 0;   // single copy: bytes per process_vm_readv
+  size_t relay_piece = 0;  // hierarchical: bytes per relay step through the leader's ring
+  size_t net_piece = 0;    // across servers: bytes per UCX message
+  bool in_place = false;   // a block in its owner's symmetric heap may be read there
+  Status error;            // this call cannot run (nothing has been posted)
+};
+
+CallPlan plan_call(const GroupShape& group, const GatherCall& call);
+
+// The header every member posts for this call (the asked and the planned
+// schedule in it), and its words for errors.
+transport::PostHeader header_of(const GatherCall& call, const CallPlan& plan);
+std::string describe(const GatherCall& call, const transport::PostHeader& h);
+
+// The rules plan_call follows, in its order, as docs/architecture.md shows
+// them (a test holds the two together); `example` is a call each row decides.
+struct PlanRow {
+  std::string when, plan, cost;
+  GatherCall example;
+  GroupShape group;
+};
+std::vector<PlanRow> plan_table();
+
+// From this size a block in its owner's symmetric heap is read there, in
+// place, for one more round at the end ("done reading") instead of a copy
+// into the ring: below it the extra round costs what the copy saves
+// (docs/benchmarks.md, "Symmetric inputs").
+constexpr size_t kInPlaceMinBytes = 4 << 10;
+
+// Largest piece a shared-memory step holds for this alignment (0: a row
+// does not fit one step).
+size_t max_piece(size_t max_step_bytes, size_t align);
+inline size_t max_piece(const transport::ShmChannel& channel, size_t align) {
+  return max_piece(channel.max_step_bytes(), align);
+}
+
+// Size-based choice across servers (kAuto: by size): direct while a message
+// is small, hierarchical once it is large enough that sending each block to
+// every member of a server costs more than the relay within it.
+// hier_min_bytes (Settings, FG_HIER_MIN_BYTES) is the crossover.
+Schedule choose_schedule(const Topology& topo, size_t bytes_per_member, Schedule asked, size_t hier_min_bytes);
+
+// Largest piece a UCX message carries: `configured` (Settings,
+// FG_NET_PIECE_BYTES; at least 4 KiB) in whole rows of `align`, larger where
+// the tag's 16 piece bits would not number the pieces.
+size_t net_piece_bytes(size_t bytes, size_t align, size_t configured);
+
+}  // namespace fastgather::algo
