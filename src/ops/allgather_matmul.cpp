@@ -147,7 +147,6 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
     co_return ops::invalid(group, kOp, "the ring schedule is offered for all_gather only");
   }
   call.schedule = options.schedule;
-  call.settings = &impl_of(group)->settings;
   std::byte* kept = gather_bytes;
   auto landing = [&](int member) -> std::byte* { return kept + static_cast<size_t>(member) * call.bytes; };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
@@ -155,13 +154,14 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
   // Across servers, blocks from other servers are received into memory
   // before they are multiplied: gather_out when asked for, else a buffer
   // the group keeps. So are blocks the plan reads by single copy.
-  const bool keep = options.gather_output || spans_servers(group) ||
-                    algo::plan_call(impl_of(group)->shape, call).protocol == algo::Protocol::kSingleCopy;
+  const algo::CallPlan plan = ops::plan_for(group, call);
+  const bool keep = options.gather_output || spans_servers(group) || plan.protocol == algo::Protocol::kSingleCopy;
   if (!options.gather_output && keep) {
     auto& landed = impl_of(group)->landed;
     if (landed.size() < call.bytes * static_cast<size_t>(group.size())) landed.resize(call.bytes * group.size());
     kept = landed.data();
   }
+  // Keeping nothing changes no plan but single copy's, which keeps.
   if (!keep) call.landing = nullptr;
 
   // Multiplies rows [row0, row0+rows) of allgather(x1), readable at src.
@@ -200,7 +200,7 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
       multiply(first_row + r, std::min(block_rows, rows - r), src + r * row_bytes);
     }
   };
-  Status st = co_await ops::run_gather(group, call, sink, options.stats);
+  Status st = co_await ops::run_gather(group, call, plan, sink, options.stats);
   if (st.ok() && k == 0) {
     // No bytes moved, but the output is still bias (or zero) broadcast over m*size rows.
     for (size_t r = 0; r < m * static_cast<size_t>(group.size()); r += block_rows) {

@@ -55,7 +55,7 @@ engine::Task<Status> all_gather_op(Group& group, const TensorView& input, const 
     std::byte* dst = out + static_cast<size_t>(member) * bytes + off;
     if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
   };
-  co_return co_await ops::run_gather(group, call, sink, options.stats);
+  co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, options.stats);
 }
 
 engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, std::span<const TensorView> outputs,
@@ -88,7 +88,7 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
     std::byte* dst = static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data) + off;
     if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
   };
-  co_return co_await ops::run_gather(group, call, sink, options.stats);
+  co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, options.stats);
 }
 
 // Within a server the root's bytes are written once (into its ring, or read
@@ -122,7 +122,7 @@ engine::Task<Status> broadcast_op(Group& group, const TensorView& data, int root
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     if (member == root && mine + off != src) algo::copy_out(mine + off, src, len, call.stream_out);
   };
-  co_return co_await ops::run_gather(group, call, sink);
+  co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink);
 }
 
 engine::Task<Status> owning_broadcast(Group& group, TensorView data, int root) {
@@ -133,7 +133,7 @@ engine::Task<Status> barrier_op(Group& group) {
   algo::GatherCall call;
   call.op = algo::OpCode::kBarrier;
   auto sink = [](int, size_t, const std::byte*, size_t) {};
-  co_return co_await ops::run_gather(group, call, sink);
+  co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink);
 }
 
 // The start_ forms own copies of what they were given.

@@ -1,6 +1,7 @@
 #include "ops/gemm.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "ops/convert.hpp"
@@ -89,15 +90,22 @@ bool packed_gemm_supported() {
 #endif
 }
 
+// The packed panels start on a cache line: a 16-float row of a panel is
+// then one line, and no load of the kernel splits across two. (Before,
+// where the scratch's allocation happened to fall decided it, and the fused
+// op's speed moved with unrelated changes: docs/benchmarks.md.)
+constexpr size_t kLineFloats = 64 / sizeof(float);
+
 size_t PackedGemm::scratch_floats(size_t k, size_t n) {
   const size_t width = panels_of(n) * kCols;
-  return width * k + width + kRows * kKc + chunk_rows(n) * width;
+  return kLineFloats + width * k + width + kRows * kKc + chunk_rows(n) * width;
 }
 
 PackedGemm::PackedGemm(DType dtype, const void* b, size_t k, size_t n, const void* bias, float* scratch)
     : dtype_(dtype), k_(k), n_(n), panels_(panels_of(n)) {
   const size_t width = panels_ * kCols;
-  b_ = scratch;
+  const auto at = reinterpret_cast<uintptr_t>(scratch);
+  b_ = reinterpret_cast<float*>((at + 63) & ~uintptr_t{63});  // scratch holds kLineFloats floats of room for this
   bias_ = b_ + width * k;
   tile_ = bias_ + width;
   acc_ = tile_ + kRows * kKc;

@@ -15,13 +15,19 @@
 
 namespace fastgather::ops {
 
-// Plans the call (algo::plan_call) and runs the plan on the group: within
-// one server, or across. stats, when set, says how it ran and where the
-// time went. A coroutine: `sink` must outlive it.
-inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::PieceSink sink, CallStats* stats = nullptr) {
+// The group's plan for a call (algo::plan_call), with the group's settings.
+inline algo::CallPlan plan_for(Group& g, algo::GatherCall& call) {
+  call.settings = &impl_of(g)->settings;
+  return algo::plan_call(impl_of(g)->shape, call);
+}
+
+// Runs `plan` (plan_for's for this call) on the group: within one server, or
+// across. stats, when set, says how it ran and where the time went. A
+// coroutine: `sink` must outlive it.
+inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::CallPlan plan, algo::PieceSink sink,
+                                       CallStats* stats = nullptr) {
   Group::Impl& i = *impl_of(g);
   call.settings = &i.settings;
-  const algo::CallPlan plan = algo::plan_call(i.shape, call);
   algo::GatherStats st;
   call.stats = &st;
   Status s;
