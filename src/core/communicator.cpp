@@ -25,6 +25,7 @@
 #include "core/group_impl.hpp"
 #include "core/tensor_access.hpp"
 #include "engine/driver.hpp"
+#include "engine/waits.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
 #include "transport/shm_segment.hpp"
@@ -693,11 +694,24 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   if (impl->heap != nullptr) impl->heap->unlink_name();
   if (Status s = impl->channel->watch_members(); !s.ok()) return fail(s);
   if (local_n > 1) {
-    // Single copy only if every member can read every other (one verdict for all).
+    // Single copy only if every member can read every other (one verdict for
+    // all): each probes its peers, then waits in the engine for every verdict.
     std::string why;
-    auto agreed = impl->channel->agree_on_single_copy(try_single_copy, dl, &why);
-    if (!agreed.ok()) return fail(agreed.status());
-    if (!agreed.value() && try_single_copy) say_single_copy_refused(why);
+    bool all = impl->channel->probe_peers(try_single_copy, &why);
+    auto agree = [](transport::ShmChannel& ch, bool* all) -> engine::Task<Status> {
+      for (int m = 0; m < ch.members(); ++m) {
+        auto v = co_await engine::verdict(ch, m);
+        if (!v.ok()) co_return v.status();
+        *all = *all && v.value();
+      }
+      co_return Status::Ok();
+    };
+    engine::DriveOptions o = impl->drive_options();
+    o.policy.timeout = std::max(std::chrono::milliseconds(1),
+                                std::chrono::duration_cast<std::chrono::milliseconds>(dl - Clock::now()));
+    if (Status s = engine::Driver::run(agree(*impl->channel, &all), o); !s.ok()) return fail(s);
+    impl->channel->set_single_copy(all);
+    if (!all && try_single_copy) say_single_copy_refused(why);
   }
   impl->shape = algo::GroupShape::of(*impl->channel, algo::Topology::of(server_of_member, me));
 

@@ -193,11 +193,17 @@ Status Driver::run(Task<Status> op, const DriveOptions& options) {
 // ------------------------------------------------------------------ Queue
 
 Queue::Hold::Hold(Queue& q) : q_(q) {
-  // Held by another thread only for one round of try_progress: brief.
-  while (q_.held_.test_and_set(std::memory_order_acquire)) ::sched_yield();
+  // Held by another thread for one round of try_progress; this thread
+  // sleeps on the flag meanwhile (a futex), and is woken when it is let go.
+  while (q_.held_.test_and_set(std::memory_order_acquire)) q_.held_.wait(true, std::memory_order_relaxed);
 }
 
-Queue::Hold::~Hold() { q_.held_.clear(std::memory_order_release); }
+Queue::Hold::~Hold() { q_.release(); }
+
+void Queue::release() {
+  held_.clear(std::memory_order_release);
+  held_.notify_all();
+}
 
 bool Queue::try_progress() {
   if (held_.test_and_set(std::memory_order_acquire)) return false;
@@ -213,7 +219,7 @@ bool Queue::try_progress() {
     // its owner sees that. Nothing to throw into another group's wait.
     pop_done();
   }
-  held_.clear(std::memory_order_release);
+  release();
   return pending;
 }
 

@@ -159,6 +159,7 @@ class Queue {
 
  private:
   void pop_done();
+  void release();  // lets go of held_, waking a Hold that waits for it
   std::deque<std::shared_ptr<Driver>> ops_;
   std::atomic_flag held_ = ATOMIC_FLAG_INIT;
 };

@@ -5,6 +5,8 @@
 
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "engine/driver.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
@@ -41,6 +43,40 @@ class Arrival final : public Waiter {
   uint64_t step_;
 };
 inline Arrival arrival(transport::ShmChannel& ch, int member, uint64_t step) { return {ch, member, step}; }
+
+// co_await verdict(channel, member): whether member could read every peer
+// by single copy, once it has said so (the probe when a group is made).
+class Verdict final : public Waiter {
+ public:
+  Verdict(transport::ShmChannel& ch, int member) : ch_(ch), member_(member) {}
+  bool await_ready() {
+    if (ch_.verdict(member_)) return true;
+    error = ch_.broken();
+    return !error.ok();
+  }
+  Result<bool> await_resume() {
+    if (!error.ok()) return error;
+    return *ch_.verdict(member_);
+  }
+
+  bool ready() override { return ch_.verdict(member_).has_value(); }
+  Status check() override { return ch_.check(member_); }
+  Status timed_out(std::chrono::milliseconds t) override {
+    const int who = ch_.world_rank(member_);
+    return {ErrorKind::kTimeout,
+            fmt::format("{}: rank {} did not finish probing single copy within {} ms", ch_.label(), who, t.count()), who};
+  }
+  Status fail(const Status& why) override {
+    ch_.abort(why);
+    return ch_.broken();
+  }
+  void sleep(std::chrono::nanoseconds slice) override { ch_.sleep_for_verdict(member_, slice); }
+
+ private:
+  transport::ShmChannel& ch_;
+  int member_;
+};
+inline Verdict verdict(transport::ShmChannel& ch, int member) { return {ch, member}; }
 
 // Shared by the two UCX waits.
 class NetWait : public Waiter {

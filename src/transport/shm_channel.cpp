@@ -201,8 +201,7 @@ void ShmChannel::publish_probe() {
   ctl(me_).wake.probe_addr.store(reinterpret_cast<uint64_t>(&probe_word_), std::memory_order_release);
 }
 
-Result<bool> ShmChannel::agree_on_single_copy(bool try_it, std::chrono::steady_clock::time_point deadline,
-                                              std::string* why) {
+bool ShmChannel::probe_peers(bool try_it, std::string* why) {
   bool all = try_it;
   for (int m = 0; m < members_ && all; ++m) {
     if (m == me_) continue;
@@ -218,22 +217,29 @@ Result<bool> ShmChannel::agree_on_single_copy(bool try_it, std::chrono::steady_c
       }
     }
   }
-  ctl(me_).wake.read_verdict.store(all ? 1 : 2, std::memory_order_release);
-  for (int m = 0; m < members_; ++m) {
-    for (;;) {
-      const uint32_t v = ctl(m).wake.read_verdict.load(std::memory_order_acquire);
-      if (v == 2) all = false;
-      if (v != 0) break;
-      if (Status s = check(m); !s.ok()) return s;
-      if (std::chrono::steady_clock::now() > deadline) {
-        return Status{ErrorKind::kTimeout, fmt::format("{}: rank {} did not finish probing single copy", label_,
-                                                       world_ranks_[m]), world_ranks_[m]};
-      }
-      ::usleep(50);
-    }
+  MemberLine& w = ctl(me_).wake;
+  w.read_verdict.store(all ? 1 : 2, std::memory_order_release);
+  // As post() does: a member asleep waiting for this verdict is woken.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (w.sleepers.load(std::memory_order_relaxed) != 0) {
+    w.futex_word.fetch_add(1, std::memory_order_release);
+    futex_wake_all(&w.futex_word);
   }
-  single_copy_ = all;
   return all;
+}
+
+std::optional<bool> ShmChannel::verdict(int member) const {
+  const uint32_t v = ctl(member).wake.read_verdict.load(std::memory_order_acquire);
+  if (v == 0) return std::nullopt;
+  return v == 1;
+}
+
+void ShmChannel::sleep_for_verdict(int member, std::chrono::nanoseconds slice) {
+  MemberLine& w = ctl(member).wake;
+  const uint32_t seen = w.futex_word.load(std::memory_order_acquire);
+  w.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (!verdict(member) && w.aborted.load(std::memory_order_acquire) == 0) futex_wait(&w.futex_word, seen, slice);
+  w.sleepers.fetch_sub(1, std::memory_order_relaxed);
 }
 
 Status ShmChannel::read_peer(int member, std::byte* dst, uint64_t remote, size_t len) {

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,12 +131,18 @@ class ShmChannel {
   // other (ptrace permission; containers and seccomp may refuse), so the
   // members probe each other once, when the group is made, and use it only
   // when all succeeded. Call publish_probe() before the attach barrier and
-  // agree_on_single_copy() after watch_members().
+  // probe_peers() after watch_members(); then wait (engine::verdict) for
+  // every member's verdict, and set_single_copy() with what they said.
   void publish_probe();
-  // Probes every peer (unless `try_it` is false: then it only says no),
-  // publishes the verdict, and waits (up to `deadline`) for everyone's:
-  // true when every member read every other. *why says what refused it.
-  Result<bool> agree_on_single_copy(bool try_it, std::chrono::steady_clock::time_point deadline, std::string* why);
+  // Probes every peer (unless `try_it` is false: then it only says no) and
+  // publishes this member's verdict, waking whoever waits for it; true when
+  // it read every peer. *why says what refused it.
+  bool probe_peers(bool try_it, std::string* why);
+  // A member's verdict: none yet, or whether it read every peer.
+  std::optional<bool> verdict(int member) const;
+  // Sleeps until member publishes its verdict, at most `slice`.
+  void sleep_for_verdict(int member, std::chrono::nanoseconds slice);
+  void set_single_copy(bool all) { single_copy_ = all; }
   bool single_copy() const { return single_copy_; }
   // Copies len bytes at `remote` in member's memory to dst.
   Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len);

@@ -48,6 +48,7 @@ MUTATIONS=(
   "step headers leave the protocol out|src/algo/plan.cpp|s/static_cast<unsigned>\(plan\.protocol\) << 6/0/|test_single_copy|SingleCopyFallback.RanksWhoseSettingsPlanDifferentProtocolsDisagree"
   "the plan offers single copy to an op that keeps no blocks|src/algo/plan.cpp|s/call\.root < 0 && call\.landing != nullptr &&\n/call.root < 0 \&\&\n/|test_algo|Plan.*"
   "the plan runs a ring of two members|src/algo/plan.cpp|s/topo\.members\(\) > 2 && call\.landing/topo.members() > 1 \&\& call.landing/|test_algo|Plan.*"
+  "a member's refusal of single copy is not heard by the others|src/core/communicator.cpp|s/\*all = \*all && v\.value\(\);/*all = *all;/|test_single_copy|SingleCopyFallback.RefusedOnOneRankTheWholeGroupUsesTheRing"
 )
 
 if [ -n "${FG_MUTATIONS_ONLY:-}" ]; then
