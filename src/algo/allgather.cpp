@@ -70,8 +70,8 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
     if (compare && !theirs.same_call(st.mine)) {
       if (st.mismatch.empty()) st.disagreeing = ch.world_rank(peer);
       else st.mismatch += "; ";
-      st.mismatch += fmt::format("rank {} sent {}, rank {} expected {}", ch.world_rank(peer), describe(st.call, theirs),
-                                 ch.world_rank(me), describe(st.call, st.mine));
+      st.mismatch += fmt::format("rank {} sent {}, rank {} expected {}", ch.world_rank(peer),
+                                 describe(st.call, theirs, &st.mine), ch.world_rank(me), describe(st.call, st.mine, &theirs));
     }
     if (theirs.in_heap != 0) st.in_place = true;
     if (!st.mismatch.empty()) continue;

@@ -165,12 +165,12 @@ class Across {
     if (c.value().length < sizeof(PostHeader) || !e.header.same_call(mine_) || c.value().length != want) {
       std::string theirs = c.value().length < sizeof(PostHeader)
                                ? fmt::format("a {}-byte message", c.value().length)
-                               : describe(call_, e.header);
+                               : describe(call_, e.header, &mine_);
       headers_compared = c.value().length >= sizeof(PostHeader);
       co_return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent {} (piece {} of rank {}'s block), rank {} expected {}",
                                                       net_.label(), net_.world_rank(e.owner), theirs, e.piece,
                                                       net_.world_rank(e.owner), net_.world_rank(me()),
-                                                      describe(call_, mine_)),
+                                                      describe(call_, mine_, headers_compared ? &e.header : nullptr)),
                     net_.world_rank(e.owner)};
     }
     co_return &e;

@@ -129,15 +129,17 @@ transport::PostHeader header_of(const GatherCall& call, const CallPlan& plan) {
   return {call.bytes, call.aux, static_cast<uint8_t>(call.op), algo, static_cast<uint8_t>(call.dtype), 0, 0};
 }
 
-std::string describe(const GatherCall& call, const transport::PostHeader& h) {
+std::string describe(const GatherCall& call, const transport::PostHeader& h, const transport::PostHeader* other) {
   const auto asked = static_cast<Schedule>(h.algo & 7);
   const auto ran = static_cast<Schedule>((h.algo >> 3) & 7);
   const auto protocol = static_cast<Protocol>(h.algo >> 6);
   // The schedule is said where it was asked for, or planned other than the
-  // default; the protocol where it is the one a setting decides.
+  // default; the protocol where it is what differs from the other header.
   std::string how = asked != Schedule::kAuto ? to_string(asked) : "";
   if (ran != Schedule::kOneShot && ran != asked) how += fmt::format("{}{}", how.empty() ? "" : "->", to_string(ran));
-  if (protocol == Protocol::kSingleCopy) how += fmt::format("{}single copy", how.empty() ? "" : ", ");
+  if (other != nullptr && (other->algo >> 6) != (h.algo >> 6)) {
+    how += fmt::format("{}{}", how.empty() ? "" : ", ", protocol_name(protocol));
+  }
   std::string s = fmt::format("{}{} {} bytes of {}", op_name(static_cast<OpCode>(h.op)),
                               how.empty() ? "" : fmt::format("({})", how), h.bytes,
                               h.bytes == 0 && h.dtype == 0 ? "-" : dtype_name(static_cast<DType>(h.dtype)));

@@ -76,9 +76,10 @@ struct CallPlan {
 CallPlan plan_call(const GroupShape& group, const GatherCall& call);
 
 // The header every member posts for this call (the asked and the planned
-// schedule in it), and its words for errors.
+// schedule and the protocol in it), and its words for errors; the protocol
+// is named where it differs from `other`'s.
 transport::PostHeader header_of(const GatherCall& call, const CallPlan& plan);
-std::string describe(const GatherCall& call, const transport::PostHeader& h);
+std::string describe(const GatherCall& call, const transport::PostHeader& h, const transport::PostHeader* other = nullptr);
 
 // The rules plan_call follows, in its order, as docs/architecture.md shows
 // them (a test holds the two together); `example` is a call each row decides.

@@ -41,7 +41,7 @@ constexpr EnvVar kTable[] = {
      "bytes per member from which single copy is used"},
     {"FG_FUSED_GEMM", K::kWord, 0, 0, "packed|openblas", "packed where the CPU has AVX2+FMA+F16C and gemm_threads is 1",
      "the fused op's GEMM: x2 packed once per call with x1 converted in tiles, or OpenBLAS sgemm on fp32 copies"},
-    {"FG_SPIN_US", K::kCount, 0, 1'000'000, "", "20 (2 when oversubscribed)", "waiting: spin this long first"},
+    {"FG_SPIN_US", K::kCount, 0, 1'000'000, "", "20 (2 when oversubscribed)", "waiting: spin this long first (set: no adapting to a crowded host)"},
     {"FG_YIELD_US", K::kCount, 0, 10'000'000, "", "200 (50 when oversubscribed)", "waiting: then yield this long, then sleep"},
     {"FG_BIND", K::kWord, 0, 0, "none|core", "core when ranks <= CPUs", "pin spawned ranks to CPUs, or not"},
     {"FG_HIER_MIN_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "65536", "across servers: bytes per rank from which the hierarchical schedule is used"},

@@ -80,6 +80,12 @@ Driver::Driver(Task<Status> op, DriveOptions options) : op_(std::move(op)), opt_
 void Driver::suspended(Waiter* w) {
   current_ = w;
   wait_began_ = Clock::now();
+  // On a crowded host a waiter gives its core away almost at once (see
+  // WaitPolicy::adapt); on a quiet one it spins, then yields, then sleeps.
+  const bool crowded =
+      opt_.policy.adapt && (opt_.policy.crowded != nullptr ? opt_.policy.crowded() : transport::host_oversubscribed());
+  spin_ = crowded ? std::min(opt_.policy.spin, opt_.policy.contended_spin) : opt_.policy.spin;
+  spin_yield_ = crowded ? spin_ : opt_.policy.spin + opt_.policy.yield;
   next_report_ = opt_.policy.report;
   if (!deadline_set_) {
     deadline_set_ = true;
@@ -125,7 +131,7 @@ void Driver::resume() {
 bool Driver::round(Clock::duration waited) {
   Waiter& w = *current_;
   if (w.ready()) return true;
-  if (waited < opt_.policy.spin + opt_.policy.yield) return false;
+  if (waited < spin_yield_) return false;
   Status why;
   if (opt_.aborted != nullptr && opt_.aborted->load(std::memory_order_acquire) != 0) {
     why = {ErrorKind::kAborted, "the communicator was aborted"};
@@ -153,7 +159,6 @@ bool Driver::test() {
 
 bool Driver::wait_until(Clock::time_point until) {
   if (!started_) start();
-  const auto spin = opt_.policy.spin, spin_yield = opt_.policy.spin + opt_.policy.yield;
   const bool bounded = until != Clock::time_point::max();
   while (!done_) {
     // The one wait loop: whatever is awaited, the network keeps moving.
@@ -164,9 +169,9 @@ bool Driver::wait_until(Clock::time_point until) {
       const auto waited = now - wait_began_;
       if (round(waited)) break;
       if (bounded && now >= until) return false;
-      if (waited < spin) {
+      if (waited < spin_) {
         for (int i = 0; i < 64 && !current_->ready(); ++i) FG_PAUSE();
-      } else if (waited < spin_yield) {
+      } else if (waited < spin_yield_) {
         ::sched_yield();
       } else {
         // Before sleeping: a hand for the other groups, whose peers may be

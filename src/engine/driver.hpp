@@ -114,6 +114,8 @@ class Driver {
   Clock::time_point wait_began_{};
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::duration next_report_{};  // of the current wait
+  // The current wait's budgets: spin until spin_, then yield until spin_yield_.
+  Clock::duration spin_{}, spin_yield_{};
   bool deadline_set_ = false;
   bool started_ = false;
   bool done_ = false;

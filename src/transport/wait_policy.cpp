@@ -1,10 +1,16 @@
 #include "transport/wait_policy.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
-
 namespace fastgather::transport {
+
 WaitPolicy WaitPolicy::for_members(int members, std::chrono::milliseconds timeout, const Settings& settings) {
   WaitPolicy p;
   p.timeout = timeout;
@@ -17,7 +23,45 @@ WaitPolicy WaitPolicy::for_members(int members, std::chrono::milliseconds timeou
   p.report = settings.report_after;
   if (settings.spin) p.spin = *settings.spin;
   if (settings.yield) p.yield = *settings.yield;
+  p.adapt = !settings.spin && !settings.yield;
   return p;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kSampleEvery = std::chrono::milliseconds(10);
+
+// procs_running from /proc/stat; -1 where it cannot be read.
+int procs_running() {
+  const int fd = ::open("/proc/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  // The line is near the end, after one "cpuN" line per core and the
+  // interrupt counts: read it all (a few KiB on small hosts, more on large).
+  static thread_local char buf[64 << 10];
+  size_t got = 0;
+  for (ssize_t r; got < sizeof(buf) - 1 && (r = ::read(fd, buf + got, sizeof(buf) - 1 - got)) > 0;) got += static_cast<size_t>(r);
+  ::close(fd);
+  buf[got] = '\0';
+  const char* at = std::strstr(buf, "\nprocs_running ");
+  return at == nullptr ? -1 : std::atoi(at + std::strlen("\nprocs_running "));
+}
+
+std::atomic<int64_t> g_next_sample{0};  // steady_clock nanoseconds
+std::atomic<bool> g_oversubscribed{false};
+
+}  // namespace
+
+bool host_oversubscribed() {
+  const int64_t now = Clock::now().time_since_epoch().count();
+  int64_t next = g_next_sample.load(std::memory_order_relaxed);
+  if (now >= next && g_next_sample.compare_exchange_strong(next, now + std::chrono::nanoseconds(kSampleEvery).count(),
+                                                            std::memory_order_relaxed)) {
+    static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int running = procs_running();
+    g_oversubscribed.store(running > cores, std::memory_order_relaxed);
+  }
+  return g_oversubscribed.load(std::memory_order_relaxed);
 }
 
 }  // namespace fastgather::transport

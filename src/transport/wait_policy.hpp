@@ -20,9 +20,23 @@ struct WaitPolicy {
   // post wakes the sleeper at once, so this bounds only how soon a death or
   // the deadline is noticed.
   std::chrono::milliseconds sleep_slice{10};
+  // While more tasks want this host's cores than it has (host_oversubscribed),
+  // a waiter spins this long and sleeps at once after: every microsecond it
+  // spins is one the awaited peer, or what shares its core, does not run,
+  // and a sleeper is woken by the post itself. False where settings.spin or
+  // .yield were set (they decide then).
+  bool adapt = true;
+  std::chrono::nanoseconds contended_spin{2'000};
+  bool (*crowded)() = nullptr;  // what says the host is oversubscribed (null: host_oversubscribed)
   // Spins less when members outnumber cores; settings.spin and .yield
   // (FG_SPIN_US, FG_YIELD_US), where set, decide instead.
   static WaitPolicy for_members(int members, std::chrono::milliseconds timeout, const Settings& settings = {});
 };
+
+// Whether more tasks are runnable on this host than it has cores (the
+// kernel's procs_running, /proc/stat), as last sampled: at most every 10 ms
+// per process, so that a wait costs at most a relaxed load. Our own ranks
+// count among the runnable; a waiter that spins is one.
+bool host_oversubscribed();
 
 }  // namespace fastgather::transport

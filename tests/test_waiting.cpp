@@ -1,0 +1,102 @@
+// How the engine waits on a crowded host (issue 20): a waiter gives its core
+// away almost at once when more tasks want the host's cores than it has, and
+// spins, then yields, only on a quiet one; the host's state is read from the
+// kernel's count of runnable tasks.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "engine/driver.hpp"
+#include "transport/wait_policy.hpp"
+
+using namespace fastgather;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Never ready until it has been asked to sleep once; records when that was.
+class FirstSleep final : public engine::Waiter {
+ public:
+  bool await_ready() { return false; }
+  Status await_resume() { return error; }
+  bool ready() override { return slept_at_.has_value(); }
+  Status check() override { return Status::Ok(); }
+  Status timed_out(std::chrono::milliseconds) override { return {ErrorKind::kTimeout, "timed out"}; }
+  Status fail(const Status& why) override { return why; }
+  void sleep(std::chrono::nanoseconds) override {
+    if (!slept_at_) slept_at_ = Clock::now();
+  }
+  std::optional<Clock::time_point> slept_at_;
+};
+
+engine::Task<Status> wait_once(FirstSleep* w, Clock::time_point* began, Clock::duration* until_sleep) {
+  *began = Clock::now();
+  Status s = co_await *w;
+  *until_sleep = *w->slept_at_ - *began;
+  co_return s;
+}
+
+// The shortest of five waits from its start to its first sleep.
+Clock::duration first_sleep_after(bool crowded) {
+  transport::WaitPolicy p;
+  p.crowded = crowded ? +[] { return true; } : +[] { return false; };
+  engine::DriveOptions o;
+  o.policy = p;
+  Clock::duration best = Clock::duration::max();
+  for (int i = 0; i < 5; ++i) {
+    FirstSleep w;
+    Clock::time_point began;
+    Clock::duration until_sleep{};
+    EXPECT_TRUE(engine::Driver::run(wait_once(&w, &began, &until_sleep), o).ok());
+    best = std::min(best, until_sleep);
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST(Waiting, OnACrowdedHostAWaiterSleepsAlmostAtOnce) {
+  using std::chrono::microseconds;
+  const transport::WaitPolicy quiet;
+  // Quiet: it spins, then yields, and sleeps only after both (by the clock).
+  EXPECT_GE(first_sleep_after(false), quiet.spin + quiet.yield);
+  // Crowded: after its short spin (2 us; the best of five allows for being
+  // descheduled meanwhile).
+  EXPECT_LT(first_sleep_after(true), microseconds(100));
+}
+
+TEST(Waiting, SetSpinOrYieldDecideEvenOnACrowdedHost) {
+  Settings s;
+  s.spin = std::chrono::microseconds(300);
+  EXPECT_FALSE(transport::WaitPolicy::for_members(2, std::chrono::milliseconds(1000), s).adapt);
+  EXPECT_TRUE(transport::WaitPolicy::for_members(2, std::chrono::milliseconds(1000), Settings{}).adapt);
+}
+
+// More busy processes than cores: the kernel's count of runnable tasks says so.
+TEST(Waiting, TheHostIsSeenOversubscribedUnderLoad) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<pid_t> loops;
+  for (unsigned i = 0; i < cores + 2; ++i) {
+    pid_t p = ::fork();
+    if (p == 0) {
+      for (;;) {
+      }
+    }
+    loops.push_back(p);
+  }
+  bool seen = false;
+  for (auto until = Clock::now() + std::chrono::seconds(2); !seen && Clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(11));
+    seen = transport::host_oversubscribed();
+  }
+  for (pid_t p : loops) ::kill(p, SIGKILL);
+  for (pid_t p : loops) ::waitpid(p, nullptr, 0);
+  EXPECT_TRUE(seen) << cores + 2 << " busy processes on " << cores << " cores, and the host was not seen oversubscribed";
+}
