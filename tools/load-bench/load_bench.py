@@ -38,8 +38,12 @@ def free_port():
 
 
 def torch_rank(rank, world, port, q):
+    import warnings
+
     import torch
     import torch.distributed as dist
+
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated")
 
     import fastgather  # noqa: F401 (registers the backend)
 
