@@ -79,17 +79,6 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(UcxContext& context) {
 
 Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
   auto impl = std::make_unique<Impl>();
-  // 256 KiB TCP segments instead of 8 KiB: fewer system calls per message
-  // (docs/multinode.md). A transport-level setting, which ucp_config_modify()
-  // did not reach in UCX 1.13, so it goes through the environment, where UCX
-  // reads it at ucp_init(); a value the user set is kept. The library's one
-  // setenv: before UCX starts, on this process's first UCX context.
-  bool tcp_segments_set = false;
-  if (options.loopback && !env_set("UCX_TLS") && !env_set("UCX_TCP_TX_SEG_SIZE") && !env_set("UCX_TCP_RX_SEG_SIZE")) {
-    ::setenv("UCX_TCP_TX_SEG_SIZE", "256k", 0);
-    ::setenv("UCX_TCP_RX_SEG_SIZE", "256k", 0);
-    tcp_segments_set = true;
-  }
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) return ucx_error("reading the UCX configuration", st);
   std::string tls = base::env_text("UCX_TLS").value_or("default");
@@ -112,7 +101,17 @@ Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
       ucp_config_modify(config, "RNDV_THRESH", "inf");
       extra += ", UCX_RNDV_THRESH=inf";
     }
-    if (tcp_segments_set) extra += ", UCX_TCP_TX/RX_SEG_SIZE=256k";
+    // TCP segments are a transport setting that ucp_config_modify() does
+    // not reach (UCX 1.13: it says yes and changes nothing); UCX reads them
+    // from the environment only, which the library leaves alone. fg-bench
+    // sets 256 KiB for the servers it simulates (docs/multinode.md).
+    const auto tx = base::env_text("UCX_TCP_TX_SEG_SIZE"), rx = base::env_text("UCX_TCP_RX_SEG_SIZE");
+    if (tx && rx && *tx == *rx) {
+      extra += ", UCX_TCP_TX/RX_SEG_SIZE=" + *tx;
+    } else {
+      if (tx) extra += ", UCX_TCP_TX_SEG_SIZE=" + *tx;
+      if (rx) extra += ", UCX_TCP_RX_SEG_SIZE=" + *rx;
+    }
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
