@@ -505,6 +505,313 @@ Result<Group*> Communicator::tp_group_of_dp(int tp, int dp) {
   return new_group(std::move(ranks));
 }
 
+namespace {
+
+// Building one group, step by step (Communicator::Impl::build_group runs
+// them in order; each returns the group's failure, in the words of the rank
+// and group). Every key a member may be waiting on for this rank is in
+// `awaited`: a rank that fails writes its reason under each instead
+// (fail()), so that the others fail at once with it rather than at their
+// timeout; a reason it read from another member is not said again.
+class GroupBuilder {
+ public:
+  GroupBuilder(Communicator::Impl& c, std::vector<int> ranks, int me, std::string key, std::string label)
+      : c_(c), ranks_(std::move(ranks)), me_(me), key_(std::move(key)), label_(std::move(label)), dl_(c.deadline()) {
+    // The members on this server share memory; the others are reached over UCX.
+    for (int r : ranks_) {
+      server_of_member_.push_back(c_.config.server_of(r));
+      if (server_of_member_.back() == c_.config.server_index) local_.push_back(r);
+    }
+    spans_ = local_.size() != ranks_.size();
+    local_me_ = static_cast<int>(std::find(local_.begin(), local_.end(), c_.config.rank) - local_.begin());
+    local_n_ = static_cast<int>(local_.size());
+    local_key_ = spans_ ? fmt::format("{}/s{}", key_, c_.config.server_index) : key_;
+    ring_ = ring_bytes_of(c_.settings);
+    bytes_ = transport::ShmChannel::segment_bytes(local_n_, ring_);
+    prefix_ = transport::ShmSegment::job_prefix(c_.job_id);
+    awaited_ = {local_key_ + "/name", local_key_ + "/heap", local_key_ + "/attached/open"};
+    if (spans_) {
+      awaited_.push_back(key_ + "/id");
+      awaited_.push_back(fmt::format("{}/ucx/{}", key_, c_.config.rank));
+    }
+  }
+
+  // Nothing is made for a group across servers without UCX (and nobody told:
+  // every member finds the same).
+  Status check_layout() {
+    if (spans_ && c_.ucx == nullptr) {
+      return where({ErrorKind::kUnsupported, "it spans servers, and this communicator has no UCX worker"});
+    }
+    return Status::Ok();
+  }
+
+  // The first member here creates the ring's segment and the heap's and
+  // names them in the store; the others open them.
+  Status map_segments() {
+    if (local_me_ == 0) {
+      if (Status s = check_shm_room(bytes_, local_n_, ring_); !s.ok()) return fail(s);
+      const std::string name = transport::ShmSegment::segment_name(c_.job_id, ::getpid(), c_.serial++);
+      seg_ = transport::ShmSegment::create(name, bytes_);
+      if (!seg_.ok()) return fail(seg_.status());
+      transport::ShmChannel::format(seg_.value().data(), local_n_, ring_, c_.settings.effective_pipeline_bytes());
+      // The heap's segment is named after the ring's; its region size travels
+      // with the name, so that every member lays it out as the creator did.
+      const size_t region = local_n_ > 1 ? symmetric_bytes_of(c_.settings) : 0;
+      std::string heap_value = "-";
+      if (region != 0) {
+        auto hs = transport::ShmSegment::create(name + "h", transport::ShmHeap::segment_bytes(local_n_, region),
+                                                transport::ShmSegment::Pages::kOnDemand);
+        if (!hs.ok()) return fail(heap_failed(hs.status(), region));
+        heap_ = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me_, region);
+        heap_value = fmt::format("{} {}", name + "h", region);
+      }
+      if (Status s = c_.store->set(local_key_ + "/heap", heap_value); !s.ok()) return fail(s);
+      if (Status s = c_.store->set(local_key_ + "/name", name); !s.ok()) return fail(s);
+      return Status::Ok();
+    }
+    auto name = read(local_key_ + "/name");
+    if (!name.ok()) {
+      if (heard_) return fail(name.status());
+      return fail({name.status().kind(),
+                   fmt::format("rank {} never created the group's segment ({} MiB: {} members x FG_RING_BYTES={}): {}",
+                               local_[0], (bytes_ + (1 << 20) - 1) >> 20, local_n_, ring_, name.status().message())});
+    }
+    if (Status s = bootstrap::check_segment_name(local_key_ + "/name", name.value(), prefix_); !s.ok()) return fail(s);
+    seg_ = transport::ShmSegment::open(name.value(), bytes_);
+    if (!seg_.ok()) return fail(earlier_failure_or(seg_.status()));
+    auto heap_value = read(local_key_ + "/heap");  // set before the name
+    if (!heap_value.ok()) return fail(heap_value.status());
+    auto parsed = bootstrap::parse_heap_value(local_key_ + "/heap", heap_value.value(), prefix_,
+                                              base::find_env("FG_SYMMETRIC_BYTES")->max);
+    if (!parsed.ok()) return fail(parsed.status());
+    if (const auto& h = parsed.value()) {
+      auto hs = transport::ShmSegment::open(h->name, transport::ShmHeap::segment_bytes(local_n_, h->region),
+                                            transport::ShmSegment::Pages::kOnDemand);
+      if (!hs.ok()) return fail(earlier_failure_or(heap_failed(hs.status(), h->region)));
+      heap_ = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me_, h->region);
+    }
+    return Status::Ok();
+  }
+
+  // The group's insides: its channel over the segment, its heap, how it waits.
+  Status make_channel() {
+    impl = std::make_unique<Group::Impl>();
+    impl->ranks = ranks_;
+    impl->me = me_;
+    impl->label = label_;
+    impl->settings = c_.settings;
+    impl->copy_in = algo::CopyInChooser(c_.settings.copy_in);
+    impl->copy_in_fused = algo::CopyInChooser(c_.settings.copy_in);
+    // Waiting policy by how many processes compete for this host's cores.
+    const int on_host = c_.loopback ? c_.config.world_size : c_.config.ranks_on(c_.config.server_index);
+    impl->policy = transport::WaitPolicy::for_members(spans_ ? std::max(on_host, local_n_) : local_n_, c_.config.timeout,
+                                                      c_.settings);
+    impl->aborted = &c_.aborted;
+    impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg_).value(), local_, local_me_, ring_, label_);
+    if (Status s = impl->channel->check_format(); !s.ok()) return fail(s);
+    if (heap_ != nullptr) {
+      impl->channel->set_heap(heap_.get());
+      impl->heap_owner = std::make_shared<HeapOwner>(heap_);
+      impl->heap = std::move(heap_);
+    }
+    return Status::Ok();
+  }
+
+  // Every member has mapped the segment (a barrier whose opening a failed
+  // member answers with its reason): then its name is no longer needed, a
+  // crash from here on leaves nothing in /dev/shm, and each member watches
+  // the others' processes.
+  Status attach() {
+    impl->channel->publish_pid();
+    try_single_copy_ = c_.settings.single_copy != Settings::SingleCopy::kOff && local_n_ > 1;
+    if (try_single_copy_) impl->channel->publish_probe();
+    auto arrived = c_.store->add(local_key_ + "/attached/arrived", 1);
+    if (!arrived.ok()) return fail(arrived.status());
+    if (arrived.value() == local_n_) {
+      if (Status s = c_.store->set(local_key_ + "/attached/open", "1"); !s.ok()) return fail(s);
+    }
+    if (auto open = read(local_key_ + "/attached/open"); !open.ok()) {
+      if (heard_) return fail(open.status());
+      return fail({open.status().kind(), fmt::format("{} of {} members on this server mapped the group's segment ({})",
+                                                     arrived.value(), local_n_, open.status().message())});
+    }
+    impl->channel->unlink_name();
+    if (impl->heap != nullptr) impl->heap->unlink_name();
+    if (Status s = impl->channel->watch_members(); !s.ok()) return fail(s);
+    return Status::Ok();
+  }
+
+  // Single copy only if every member can read every other (one verdict for
+  // all): each probes its peers, then waits in the engine for every verdict.
+  // Then the group's shape, which every call's plan is made from.
+  Status agree_on_single_copy() {
+    if (local_n_ > 1) {
+      std::string why;
+      bool all = impl->channel->probe_peers(try_single_copy_, &why);
+      auto agree = [](transport::ShmChannel& ch, bool* all) -> engine::Task<Status> {
+        for (int m = 0; m < ch.members(); ++m) {
+          auto v = co_await engine::verdict(ch, m);
+          if (!v.ok()) co_return v.status();
+          *all = *all && v.value();
+        }
+        co_return Status::Ok();
+      };
+      engine::DriveOptions o = impl->drive_options();
+      o.policy.timeout = std::max(std::chrono::milliseconds(1),
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(dl_ - Clock::now()));
+      if (Status s = engine::Driver::run(agree(*impl->channel, &all), o); !s.ok()) return fail(s);
+      impl->channel->set_single_copy(all);
+      if (!all && try_single_copy_) say_single_copy_refused(why);
+    }
+    impl->shape = algo::GroupShape::of(*impl->channel, algo::Topology::of(server_of_member_, me_));
+    return Status::Ok();
+  }
+
+  // Across servers: a group id for the tags of its messages, the group's own
+  // UCX worker, an endpoint to every member on another server (direct sends
+  // reach them all), how members tell each other why a call failed, and a
+  // barrier across the group, so that a member that cannot be reached fails
+  // the creation rather than the first call.
+  Status connect_servers() {
+    if (!spans_) return Status::Ok();
+    const int me_world = c_.config.rank;
+    std::string id;
+    if (me_ == 0) {
+      auto next = c_.store->add("net_group_ids", 1);
+      if (!next.ok()) return fail(next.status());
+      id = std::to_string(next.value() & 0xffff);
+      if (Status s = c_.store->set(key_ + "/id", id); !s.ok()) return fail(s);
+    } else {
+      auto got = read(key_ + "/id");
+      if (!got.ok()) return fail(got.status());
+      id = got.value();
+    }
+    auto net_id = bootstrap::parse_number(fmt::format("store key '{}/id'", key_), id, 0xffff);
+    if (!net_id.ok()) return fail(net_id.status());
+    auto worker = transport::UcxWorker::create(*c_.ucx);
+    if (!worker.ok()) return fail(worker.status());
+    if (Status s = c_.store->set(fmt::format("{}/ucx/{}", key_, me_world), worker.value()->address()); !s.ok()) {
+      return fail(s);
+    }
+    std::vector<std::string> addresses(ranks_.size());
+    for (size_t m = 0; m < ranks_.size(); ++m) {
+      if (server_of_member_[m] == c_.config.server_index) continue;
+      const std::string addr_key = fmt::format("{}/ucx/{}", key_, ranks_[m]);
+      auto addr = read(addr_key);
+      if (!addr.ok()) return fail(addr.status());
+      // UCX unpacks a worker address itself: it is opaque to us, but an
+      // empty or outsized one is no address at all.
+      if (Status s = bootstrap::check_blob(addr_key, addr.value(), bootstrap::kMaxWorkerAddress); !s.ok()) return fail(s);
+      addresses[m] = std::move(addr).value();
+    }
+    auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(net_id.value()), ranks_,
+                                              me_, addresses, label_);
+    if (!net.ok()) return fail(net.status());
+    impl->net = std::move(net).value();
+    Store* st = c_.store.get();
+    std::mutex* mu = &c_.store_mu;
+    const std::string fail_key = key_ + "/failure";
+    impl->publish_failure = [st, mu, fail_key](const Status& s) {
+      std::lock_guard<std::mutex> lock(*mu);
+      (void)st->set(fail_key, bootstrap::encode_status(s));
+    };
+    impl->published_failure = [st, mu, fail_key]() -> std::optional<Status> {
+      std::lock_guard<std::mutex> lock(*mu);
+      // Published before that member closed its endpoints: if it is not
+      // there within 10 ms, it will not come. A job-abort (another rank has
+      // left) answers a missing key at once: keep asking until the 10 ms are up.
+      const auto until = Clock::now() + std::chrono::milliseconds(10);
+      auto v = st->get(fail_key, until);
+      while (!v.ok() && v.status().message().rfind(bootstrap::kJobAbortedPrefix, 0) == 0 && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+        v = st->get(fail_key, until);
+      }
+      if (!v.ok()) return std::nullopt;  // nobody said why: a crash, most likely
+      return bootstrap::decode_status(v.value());
+    };
+    algo::GatherCall hello;
+    hello.op = algo::OpCode::kBarrier;
+    auto nothing = [](int, size_t, const std::byte*, size_t) {};
+    const algo::CallPlan plan = algo::plan_call(impl->shape, hello);
+    if (Status s = engine::Driver::run(
+            algo::gather_across(*impl->channel, *impl->net, impl->shape.topo, hello, plan, nothing), impl->drive_options());
+        !s.ok()) {
+      return fail(s);
+    }
+    return Status::Ok();
+  }
+
+  std::unique_ptr<Group::Impl> impl;  // made by make_channel()
+
+ private:
+  Status where(const Status& s) const {
+    return Status{s.kind(), fmt::format("rank {}: creating {}: {}", c_.config.rank, label_, s.message())};
+  }
+
+  // Where this rank failed because another member did first - a segment
+  // gone because its creator gave up, a wait that outlasted the member that
+  // had failed - that member's reason (under the barrier's key, which every
+  // failure writes) is the news.
+  Status earlier_failure_or(const Status& s) {
+    auto earlier = c_.store->get(local_key_ + "/attached/open", Clock::now() + std::chrono::milliseconds(200));
+    if (auto f = earlier.ok() ? bootstrap::failure_in(earlier.value()) : std::nullopt) {
+      heard_ = true;
+      return Status{f->kind(), fmt::format("{} (then here: {})", f->message(), s.message())};
+    }
+    return s;
+  }
+
+  Status fail(Status s) {
+    // A timeout here may be the shadow of a member that failed first (and
+    // said so while this rank was busy): its reason is the news.
+    if (!heard_ && s.kind() == ErrorKind::kTimeout) s = earlier_failure_or(s);
+    Status w = where(s);
+    if (!heard_) {
+      const std::string v = bootstrap::failure_value(w);
+      for (const auto& k : awaited_) (void)c_.store->set(k, v);
+    }
+    return w;
+  }
+
+  // What a member wrote under k, or the failure it wrote there instead.
+  Result<std::string> read(const std::string& k) {
+    auto v = c_.store->get(k, dl_);
+    if (!v.ok()) return v.status();
+    if (auto f = bootstrap::failure_in(v.value())) {
+      heard_ = true;
+      return *f;
+    }
+    return v;
+  }
+
+  // The symmetric heap needs address space for every member's region: say
+  // which setting that is where it cannot be had.
+  Status heap_failed(const Status& s, size_t region) const {
+    if (s.message().find(std::strerror(ENOMEM)) == std::string::npos) return s;
+    return Status{s.kind(), fmt::format("{} (the symmetric heap: {} members x FG_SYMMETRIC_BYTES={} of shared memory, "
+                                        "reserved as address space; set FG_SYMMETRIC_BYTES smaller, or 0 for no heap)",
+                                        s.message(), local_n_, region)};
+  }
+
+  Communicator::Impl& c_;
+  const std::vector<int> ranks_;
+  const int me_;
+  const std::string key_, label_;
+  const Clock::time_point dl_;
+  std::vector<int> local_, server_of_member_;
+  bool spans_ = false;
+  int local_me_ = 0, local_n_ = 0;
+  std::string local_key_, prefix_;
+  size_t ring_ = 0, bytes_ = 0;
+  std::vector<std::string> awaited_;
+  bool heard_ = false;  // the failure at hand is another member's, already said
+  Result<transport::ShmSegment> seg_ = Status{ErrorKind::kSystem, "no segment mapped"};
+  std::shared_ptr<transport::ShmHeap> heap_;
+  bool try_single_copy_ = false;
+};
+
+}  // namespace
+
 Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
   std::unique_lock<std::mutex> store_lock(store_mu);
   const int me_world = config.rank;
@@ -531,258 +838,14 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
                   fmt::format("rank {}: cannot create {}: this rank already has {} groups", me_world, label, kMaxGroups)};
   }
 
-  const int n = static_cast<int>(ranks.size());
   const int me = static_cast<int>(pos - ranks.begin());
   const std::string key = fmt::format("g/{}/{}", fmt::join(ranks, ","), created[ranks]++);
-  const auto dl = deadline();
-  auto where = [&](const Status& s) {
-    return Status{s.kind(), fmt::format("rank {}: creating {}: {}", me_world, label, s.message())};
-  };
-
-  // The members on this server share memory; the others are reached over UCX.
-  std::vector<int> local, server_of_member;
-  for (int r : ranks) {
-    server_of_member.push_back(config.server_of(r));
-    if (server_of_member.back() == config.server_index) local.push_back(r);
+  GroupBuilder b(*this, std::move(ranks), me, key, label);
+  for (auto step : {&GroupBuilder::check_layout, &GroupBuilder::map_segments, &GroupBuilder::make_channel,
+                    &GroupBuilder::attach, &GroupBuilder::agree_on_single_copy, &GroupBuilder::connect_servers}) {
+    if (Status s = (b.*step)(); !s.ok()) return s;
   }
-  const bool spans = local.size() != ranks.size();
-  if (spans && ucx == nullptr) {
-    return where({ErrorKind::kUnsupported, "it spans servers, and this communicator has no UCX worker"});
-  }
-  const int local_me = static_cast<int>(std::find(local.begin(), local.end(), me_world) - local.begin());
-  const std::string local_key = spans ? fmt::format("{}/s{}", key, config.server_index) : key;
-  const int local_n = static_cast<int>(local.size());
-  const size_t ring = ring_bytes_of(settings);
-  const size_t bytes = transport::ShmChannel::segment_bytes(local_n, ring);
-  const std::string prefix = transport::ShmSegment::job_prefix(job_id);
-
-  // Every key a member may be waiting on for this rank. A rank that fails
-  // while building the group writes its reason under each instead, so that
-  // the others fail at once with it rather than at their timeout; a reason
-  // it read from another member is not said again.
-  std::vector<std::string> awaited = {local_key + "/name", local_key + "/heap", local_key + "/attached/open"};
-  if (spans) {
-    awaited.push_back(key + "/id");
-    awaited.push_back(fmt::format("{}/ucx/{}", key, me_world));
-  }
-  bool heard = false;  // the failure at hand is another member's, already said
-  // Where this rank failed because another member did first - a segment
-  // gone because its creator gave up, a wait that outlasted the member that
-  // had failed - that member's reason (under the barrier's key, which every
-  // failure writes) is the news.
-  auto earlier_failure_or = [&](const Status& s) {
-    auto earlier = store->get(local_key + "/attached/open", Clock::now() + std::chrono::milliseconds(200));
-    if (auto f = earlier.ok() ? bootstrap::failure_in(earlier.value()) : std::nullopt) {
-      heard = true;
-      return Status{f->kind(), fmt::format("{} (then here: {})", f->message(), s.message())};
-    }
-    return s;
-  };
-  auto fail = [&](Status s) {
-    // A timeout here may be the shadow of a member that failed first (and
-    // said so while this rank was busy): its reason is the news.
-    if (!heard && s.kind() == ErrorKind::kTimeout) s = earlier_failure_or(s);
-    Status w = where(s);
-    if (!heard) {
-      const std::string v = bootstrap::failure_value(w);
-      for (const auto& k : awaited) (void)store->set(k, v);
-    }
-    return w;
-  };
-  // What a member wrote under k, or the failure it wrote there instead.
-  auto read = [&](const std::string& k) -> Result<std::string> {
-    auto v = store->get(k, dl);
-    if (!v.ok()) return v.status();
-    if (auto f = bootstrap::failure_in(v.value())) {
-      heard = true;
-      return *f;
-    }
-    return v;
-  };
-
-  Result<transport::ShmSegment> seg = Status{ErrorKind::kSystem, "unset"};
-  std::shared_ptr<transport::ShmHeap> heap;
-  // The symmetric heap needs address space for every member's region: say
-  // which setting that is where it cannot be had.
-  auto heap_failed = [&](const Status& s, size_t region) {
-    if (s.message().find(std::strerror(ENOMEM)) == std::string::npos) return s;
-    return Status{s.kind(), fmt::format("{} (the symmetric heap: {} members x FG_SYMMETRIC_BYTES={} of shared memory, "
-                                        "reserved as address space; set FG_SYMMETRIC_BYTES smaller, or 0 for no heap)",
-                                        s.message(), local_n, region)};
-  };
-  if (local_me == 0) {
-    if (Status s = check_shm_room(bytes, local_n, ring); !s.ok()) return fail(s);
-    const std::string name = transport::ShmSegment::segment_name(job_id, ::getpid(), serial++);
-    seg = transport::ShmSegment::create(name, bytes);
-    if (!seg.ok()) return fail(seg.status());
-    transport::ShmChannel::format(seg.value().data(), local_n, ring, settings.effective_pipeline_bytes());
-    // The heap's segment is named after the ring's; its region size travels
-    // with the name, so that every member lays it out as the creator did.
-    const size_t region = local_n > 1 ? symmetric_bytes_of(settings) : 0;
-    std::string heap_value = "-";
-    if (region != 0) {
-      auto hs = transport::ShmSegment::create(name + "h", transport::ShmHeap::segment_bytes(local_n, region),
-                                              transport::ShmSegment::Pages::kOnDemand);
-      if (!hs.ok()) return fail(heap_failed(hs.status(), region));
-      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, region);
-      heap_value = fmt::format("{} {}", name + "h", region);
-    }
-    if (Status s = store->set(local_key + "/heap", heap_value); !s.ok()) return fail(s);
-    if (Status s = store->set(local_key + "/name", name); !s.ok()) return fail(s);
-  } else {
-    auto name = read(local_key + "/name");
-    if (!name.ok()) {
-      if (heard) return fail(name.status());
-      return fail({name.status().kind(),
-                   fmt::format("rank {} never created the group's segment ({} MiB: {} members x FG_RING_BYTES={}): {}",
-                               local[0], (bytes + (1 << 20) - 1) >> 20, local_n, ring, name.status().message())});
-    }
-    if (Status s = bootstrap::check_segment_name(local_key + "/name", name.value(), prefix); !s.ok()) return fail(s);
-    seg = transport::ShmSegment::open(name.value(), bytes);
-    if (!seg.ok()) return fail(earlier_failure_or(seg.status()));
-    auto heap_value = read(local_key + "/heap");  // set before the name
-    if (!heap_value.ok()) return fail(heap_value.status());
-    auto parsed = bootstrap::parse_heap_value(local_key + "/heap", heap_value.value(), prefix,
-                                              base::find_env("FG_SYMMETRIC_BYTES")->max);
-    if (!parsed.ok()) return fail(parsed.status());
-    if (const auto& h = parsed.value()) {
-      auto hs = transport::ShmSegment::open(h->name, transport::ShmHeap::segment_bytes(local_n, h->region),
-                                            transport::ShmSegment::Pages::kOnDemand);
-      if (!hs.ok()) return fail(earlier_failure_or(heap_failed(hs.status(), h->region)));
-      heap = std::make_shared<transport::ShmHeap>(std::move(hs).value(), local_me, h->region);
-    }
-  }
-
-  auto impl = std::make_unique<Group::Impl>();
-  impl->ranks = ranks;
-  impl->me = me;
-  impl->label = label;
-  impl->settings = settings;
-  impl->copy_in = algo::CopyInChooser(settings.copy_in);
-  impl->copy_in_fused = algo::CopyInChooser(settings.copy_in);
-  // Waiting policy by how many processes compete for this host's cores.
-  const int on_host = loopback ? config.world_size : config.ranks_on(config.server_index);
-  const auto policy =
-      transport::WaitPolicy::for_members(spans ? std::max(on_host, local_n) : local_n, config.timeout, settings);
-  impl->policy = policy;
-  impl->aborted = &aborted;
-  impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg).value(), local, local_me, ring, label);
-  if (Status s = impl->channel->check_format(); !s.ok()) return fail(s);
-  if (heap != nullptr) {
-    impl->channel->set_heap(heap.get());
-    impl->heap_owner = std::make_shared<HeapOwner>(heap);
-    impl->heap = std::move(heap);
-  }
-  impl->channel->publish_pid();
-  const bool try_single_copy = settings.single_copy != Settings::SingleCopy::kOff && local_n > 1;
-  if (try_single_copy) impl->channel->publish_probe();
-  // Every member has mapped the segment (a barrier whose opening a failed
-  // member answers with its reason).
-  auto arrived = store->add(local_key + "/attached/arrived", 1);
-  if (!arrived.ok()) return fail(arrived.status());
-  if (arrived.value() == local_n) {
-    if (Status s = store->set(local_key + "/attached/open", "1"); !s.ok()) return fail(s);
-  }
-  if (auto open = read(local_key + "/attached/open"); !open.ok()) {
-    if (heard) return fail(open.status());
-    return fail({open.status().kind(), fmt::format("{} of {} members on this server mapped the group's segment ({})",
-                                                   arrived.value(), local_n, open.status().message())});
-  }
-  // Every member has mapped the segment: its name is no longer needed, and a
-  // crash from here on leaves nothing in /dev/shm.
-  impl->channel->unlink_name();
-  if (impl->heap != nullptr) impl->heap->unlink_name();
-  if (Status s = impl->channel->watch_members(); !s.ok()) return fail(s);
-  if (local_n > 1) {
-    // Single copy only if every member can read every other (one verdict for
-    // all): each probes its peers, then waits in the engine for every verdict.
-    std::string why;
-    bool all = impl->channel->probe_peers(try_single_copy, &why);
-    auto agree = [](transport::ShmChannel& ch, bool* all) -> engine::Task<Status> {
-      for (int m = 0; m < ch.members(); ++m) {
-        auto v = co_await engine::verdict(ch, m);
-        if (!v.ok()) co_return v.status();
-        *all = *all && v.value();
-      }
-      co_return Status::Ok();
-    };
-    engine::DriveOptions o = impl->drive_options();
-    o.policy.timeout = std::max(std::chrono::milliseconds(1),
-                                std::chrono::duration_cast<std::chrono::milliseconds>(dl - Clock::now()));
-    if (Status s = engine::Driver::run(agree(*impl->channel, &all), o); !s.ok()) return fail(s);
-    impl->channel->set_single_copy(all);
-    if (!all && try_single_copy) say_single_copy_refused(why);
-  }
-  impl->shape = algo::GroupShape::of(*impl->channel, algo::Topology::of(server_of_member, me));
-
-  if (spans) {
-    // A group id for the tags of its messages, and an endpoint to every
-    // member on another server (direct sends reach them all).
-    std::string id;
-    if (me == 0) {
-      auto next = store->add("net_group_ids", 1);
-      if (!next.ok()) return fail(next.status());
-      id = std::to_string(next.value() & 0xffff);
-      if (Status s = store->set(key + "/id", id); !s.ok()) return fail(s);
-    } else {
-      auto got = read(key + "/id");
-      if (!got.ok()) return fail(got.status());
-      id = got.value();
-    }
-    auto net_id = bootstrap::parse_number(fmt::format("store key '{}/id'", key), id, 0xffff);
-    if (!net_id.ok()) return fail(net_id.status());
-    // The group's own worker: its address goes through the store.
-    auto worker = transport::UcxWorker::create(*ucx);
-    if (!worker.ok()) return fail(worker.status());
-    if (Status s = store->set(fmt::format("{}/ucx/{}", key, me_world), worker.value()->address()); !s.ok()) return fail(s);
-    std::vector<std::string> addresses(ranks.size());
-    for (int m = 0; m < n; ++m) {
-      if (server_of_member[m] == config.server_index) continue;
-      const std::string addr_key = fmt::format("{}/ucx/{}", key, ranks[m]);
-      auto addr = read(addr_key);
-      if (!addr.ok()) return fail(addr.status());
-      // UCX unpacks a worker address itself: it is opaque to us, but an
-      // empty or outsized one is no address at all.
-      if (Status s = bootstrap::check_blob(addr_key, addr.value(), bootstrap::kMaxWorkerAddress); !s.ok()) return fail(s);
-      addresses[m] = std::move(addr).value();
-    }
-    auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(net_id.value()), ranks, me,
-                                              addresses, label);
-    if (!net.ok()) return fail(net.status());
-    impl->net = std::move(net).value();
-    Store* st = store.get();
-    std::mutex* mu = &store_mu;
-    const std::string fail_key = key + "/failure";
-    impl->publish_failure = [st, mu, fail_key](const Status& s) {
-      std::lock_guard<std::mutex> lock(*mu);
-      (void)st->set(fail_key, bootstrap::encode_status(s));
-    };
-    impl->published_failure = [st, mu, fail_key]() -> std::optional<Status> {
-      std::lock_guard<std::mutex> lock(*mu);
-      // Published before that member closed its endpoints: if it is not
-      // there within 10 ms, it will not come. A job-abort (another rank has
-      // left) answers a missing key at once: keep asking until the 10 ms are up.
-      const auto until = Clock::now() + std::chrono::milliseconds(10);
-      auto v = st->get(fail_key, until);
-      while (!v.ok() && v.status().message().rfind(bootstrap::kJobAbortedPrefix, 0) == 0 && Clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-        v = st->get(fail_key, until);
-      }
-      if (!v.ok()) return std::nullopt;  // nobody said why: a crash, most likely
-      return bootstrap::decode_status(v.value());
-    };
-    // A barrier across the group: connections are made now, and a member
-    // that cannot be reached fails the creation rather than the first call.
-    algo::GatherCall hello;
-    hello.op = algo::OpCode::kBarrier;
-    auto nothing = [](int, size_t, const std::byte*, size_t) {};
-    const algo::CallPlan plan = algo::plan_call(impl->shape, hello);
-    if (Status s = engine::Driver::run(algo::gather_across(*impl->channel, *impl->net, impl->shape.topo, hello, plan, nothing),
-                                       impl->drive_options());
-        !s.ok()) {
-      return fail(s);
-    }
-  }
+  std::unique_ptr<Group::Impl> impl = std::move(b.impl);
 
   for (auto& slot : channels) {
     transport::ShmChannel* none = nullptr;
