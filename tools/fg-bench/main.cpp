@@ -22,8 +22,11 @@
 
 #include "cases.hpp"
 #include "fastgather/fastgather.hpp"
+#include "host.hpp"
+#include "launching.hpp"
 #include "limits.hpp"
 #include "mpi_comparator.hpp"
+#include "options.hpp"
 #include "plot.hpp"
 #include "report.hpp"
 #include "runner.hpp"
@@ -34,175 +37,11 @@ using namespace fastgather::bench;
 
 namespace {
 
-struct Options {
-  std::vector<int64_t> ms = {8, 32, 128, 256, 512, 1024, 2048, 4096, 8192};
-  int64_t hidden = 3072;
-  std::string dtype = "fp32";
-  std::string mm_dtype = "fp16";
-  int64_t n = 16;
-  std::vector<std::string> ops = {"all_gather", "all_gather_list", "all_gather_matmul"};
-  RunOptions run;
-  std::string json;
-  std::string plot;
-  std::string command_line;
-  bool compare = false;     // staged, unfused and MPI beside fastgather
-  bool no_compare = false;
-  bool limits_only = false;
-  bool no_limits = false;
-  bool dv = false;          // data-varying buffers
-  std::string input = "symmetric";  // where the ops' inputs live: symmetric (Group::empty) or private
-};
-
-constexpr const char* kReexecMarker = "FG_BENCH_UNDER_MPIRUN";
-
-// The no-argument and --compare runs put the system MPI beside fastgather:
-// re-run this command under mpirun so both share the same processes.
-void maybe_reexec_under_mpirun(int argc, char** argv, const LaunchPlan& plan, bool simulate) {
-  if (!mpi::built() || mpi::launched() || std::getenv(kReexecMarker) != nullptr) return;
-  if (std::getenv("FG_NO_MPIRUN") != nullptr || ::access("/usr/bin/mpirun", X_OK) != 0) return;
-  if (plan.servers != 1 && !simulate) return;  // on real servers, start it under mpirun yourself
-  const bool oversubscribed = plan.world_size() > sysconf(_SC_NPROCESSORS_ONLN);
-  ::setenv(kReexecMarker, "1", 1);
-  ::setenv("TP", std::to_string(plan.tp).c_str(), 1);
-  ::setenv("DP", std::to_string(plan.dp).c_str(), 1);
-  // mpirun starts the ranks: they need one port they all know, and one
-  // secret (every process of this user may read our environment; no one else).
-  const int port = plan.master_port != 0 ? plan.master_port : free_tcp_port(plan.master_addr).value_or(plan.port());
-  ::setenv("PORT", std::to_string(port).c_str(), 1);
-  if (std::getenv("FG_TOKEN") == nullptr) ::setenv("FG_TOKEN", new_job_secret().c_str(), 1);
-  ::setenv("MASTER_IP", plan.master_addr.c_str(), 1);
-  ::setenv("FG_TIMEOUT_MS", std::to_string(plan.timeout.count()).c_str(), 1);
-  std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "-np", std::to_string(plan.world_size()),
-                                   "--bind-to", oversubscribed ? "none" : "core"};
-  if (oversubscribed) args.push_back("--oversubscribe");
-  if (simulate) {
-    // Simulated servers: MPI over TCP too (see mpi_line).
-    ::setenv("SERVER_NUM", std::to_string(plan.servers).c_str(), 1);
-    for (const char* a : {"--mca", "pml", "ob1", "--mca", "btl", "tcp,self"}) args.push_back(a);
-  }
-  for (const char* v : {kReexecMarker, "TP", "DP", "PORT", "MASTER_IP", "FG_TIMEOUT_MS", "FG_TOKEN", "FG_RING_BYTES",
-                        "SERVER_NUM"}) {
-    if (std::getenv(v) != nullptr) {
-      args.push_back("-x");
-      args.push_back(v);
-    }
-  }
-  char self[4096] = {};
-  if (::readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return;
-  args.push_back(self);
-  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-  if (argc == 1) args.push_back("--compare");  // keep the no-argument run's meaning
-  std::vector<char*> cargs;
-  for (auto& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  std::fflush(nullptr);
-  ::execvp("mpirun", cargs.data());
-  std::fprintf(stderr, "fg-bench: could not start mpirun; running without the MPI comparator\n");
-}
-
-// Runs every server's ranks on this host, one spawner process per server, as
-// if SERVER_INDEX=0..SERVER_NUM-1 had been started by hand.
-int simulate_servers(const LaunchPlan& plan, const std::function<int(const Config&)>& body) {
-  // More ranks than CPUs: each spawner would pin its first rank to the first
-  // CPU, and so on; leave placement to the kernel instead.
-  if (plan.world_size() > sysconf(_SC_NPROCESSORS_ONLN)) ::setenv("FG_BIND", "none", 0);
-  ProcessOptions po;
-  po.what = "server";
-  // A spawner ends on SIGTERM by passing it to its ranks and cleaning up.
-  po.death_signal = SIGTERM;
-  po.grace = plan.timeout + std::chrono::seconds(2);
-  po.kill_after = std::chrono::seconds(5);
-  // Every server is ours too: a secret of our own, as a one-server spawner
-  // makes, and a free port unless one was asked for.
-  const std::string token = plan.token.empty() ? new_job_secret() : plan.token;
-  const int port = plan.master_port != 0 ? plan.master_port : free_tcp_port(plan.master_addr).value_or(plan.port());
-  return run_processes(plan.servers, [&](int s) {
-    LaunchPlan p = plan;
-    p.server_index = s;
-    p.token = token;
-    p.master_port = port;
-    return run_local_ranks(p, body);
-  }, po);
-}
-
-// Memory available to new allocations on this machine (MemAvailable), 0 if unknown.
-double available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
-
-// The largest case's buffers on one rank, estimated from the shapes (in
-// doubles: absurd sizes must not overflow on the way to being refused),
-// times the ranks on this host, against what the machine has available.
-Status check_memory(const Options& o, const LaunchPlan& plan, int ranks_here) {
-  DType ag{}, mm{};
-  parse_dtype(o.dtype, &ag);
-  parse_dtype(o.mm_dtype, &mm);
-  const double g = plan.dp, sets = o.dv ? 8 : 1;
-  double worst = 0;
-  int64_t worst_m = 0;
-  for (int64_t m : o.ms) {
-    const double bytes = static_cast<double>(m) * static_cast<double>(o.hidden) * static_cast<double>(dtype_size(ag));
-    // Input and output per buffer set; the staged list's flat temporary.
-    const double gather = sets * bytes * (1 + g) + bytes * g;
-    // Fused: x1 sets, gather_out, output, x2, and the unfused path's fp32 copies.
-    const double rows = bytes / (static_cast<double>(o.hidden) * static_cast<double>(dtype_size(mm)));
-    const double fused = sets * bytes + bytes * g + rows * g * static_cast<double>(o.n) * (dtype_size(mm) + 4.0) +
-                         static_cast<double>(o.hidden) * static_cast<double>(o.n) * 8 + rows * g * static_cast<double>(o.hidden) * 4;
-    const double need = std::max(gather, fused);
-    if (need > worst) worst = need, worst_m = m;
-  }
-  const double have = available_bytes();
-  const double total = worst * ranks_here;
-  if (have > 0 && total > 0.9 * have) {
-    return {ErrorKind::kResourceExhausted,
-            fmt::format("--m {} with --hidden {} needs about {} per rank for its buffers; {} ranks on this host need {}, "
-                        "but this machine has {} available: use a smaller --m or --hidden",
-                        worst_m, o.hidden, human_bytes(worst), ranks_here, human_bytes(total), human_bytes(have))};
-  }
-  return Status::Ok();
-}
-
 void progress(bool lead, size_t done, size_t total, const Case& c) {
   if (!lead || !::isatty(2)) return;
   std::fprintf(stderr, "\r\033[K[%zu/%zu] %s %s %s", done, total, c.op.c_str(), c.impl.c_str(),
                human_bytes(static_cast<double>(c.bytes_per_rank)).c_str());
   if (done == total) std::fputs("\r\033[K", stderr);
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
-
-// A file the run will write at its end: its folder must exist and take it,
-// and the file, if there, must be writable. Nothing is created here.
-Status check_writable(const char* flag, const std::string& path) {
-  if (path.empty()) return Status::Ok();
-  const std::filesystem::path p(path);
-  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return {ErrorKind::kInvalidArgument, fmt::format("{} {}: the folder {} does not exist", flag, path, dir.string())};
-  }
-  const bool exists = std::filesystem::exists(p, ec);
-  if (exists && std::filesystem::is_directory(p, ec)) {
-    return {ErrorKind::kInvalidArgument, fmt::format("{} {}: is a folder", flag, path)};
-  }
-  if (::access(exists ? path.c_str() : dir.c_str(), W_OK) != 0) {
-    return {ErrorKind::kInvalidArgument, fmt::format("{} {}: cannot be written ({})", flag, path, std::strerror(errno))};
-  }
-  return Status::Ok();
 }
 
 nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& plan) {
