@@ -448,6 +448,23 @@ TEST(Environment, AbsurdTensorShapesThrowNotWrap) {
   EXPECT_EQ(Tensor::empty(DType::kF32, {0, 8}).nbytes(), 0u);
 }
 
+// Tensor::allocate says it as Group::empty does: a status, no exception.
+TEST(Environment, TensorAllocateReturnsTheErrorAsAStatus) {
+  auto negative = Tensor::allocate(DType::kF32, {-1, 8});
+  EXPECT_EQ(negative.status().kind(), ErrorKind::kInvalidArgument) << negative.status().to_string();
+  auto wraps = Tensor::allocate(DType::kF32, {int64_t{1} << 40, int64_t{1} << 40});
+  EXPECT_EQ(wraps.status().kind(), ErrorKind::kInvalidArgument) << wraps.status().to_string();
+  // 64 TiB: more than this machine has, a size the allocator refuses.
+  auto huge = Tensor::allocate(DType::kU8, {int64_t{1} << 46});
+  EXPECT_EQ(huge.status().kind(), ErrorKind::kResourceExhausted) << huge.status().to_string();
+  EXPECT_NE(huge.status().message().find("uint8[70368744177664]"), std::string::npos) << huge.status().message();
+  EXPECT_THROW(Tensor::empty(DType::kU8, {int64_t{1} << 46}), std::bad_alloc);
+  auto fine = Tensor::allocate(DType::kF32, {3, 5});
+  ASSERT_TRUE(fine.ok()) << fine.status().to_string();
+  EXPECT_EQ(fine.value().nbytes(), 60u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(fine.value().data()) % 64, 0u);
+}
+
 // A rank that timed out leaves at once: it does not wait in its exit for the
 // very peer that never came (before: the whole timeout again, and more
 // across servers).

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fastgather/dtype.hpp"
+#include "fastgather/status.hpp"
 
 namespace fastgather {
 
@@ -36,7 +37,12 @@ struct TensorView {
 class Tensor {
  public:
   Tensor() = default;
-  // Throws std::length_error for a negative or overflowing shape, std::bad_alloc when memory runs out.
+  // Uninitialised storage for `shape`: an error for a negative or overflowing
+  // shape (kInvalidArgument) or when memory runs out (kResourceExhausted),
+  // as Group::empty says it.
+  static Result<Tensor> allocate(DType dtype, std::vector<int64_t> shape);
+  // allocate(), for code that does not handle the error: throws
+  // std::length_error for a bad shape, std::bad_alloc when memory runs out.
   static Tensor empty(DType dtype, std::vector<int64_t> shape);
   static Tensor zeros(DType dtype, std::vector<int64_t> shape);
 

@@ -4,6 +4,9 @@
 #include "base/huge_pages.hpp"
 #include "core/tensor_access.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <sys/mman.h>
 
 #include <bit>
@@ -77,11 +80,18 @@ Result<size_t> TensorAccess::bytes_of(DType dtype, const std::vector<int64_t>& s
 }
 
 Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
+  auto t = allocate(dtype, std::move(shape));
+  if (t.ok()) return std::move(t).value();
+  if (t.status().kind() == ErrorKind::kResourceExhausted) throw std::bad_alloc();
+  throw std::length_error("Tensor::empty: " + t.status().message());
+}
+
+Result<Tensor> Tensor::allocate(DType dtype, std::vector<int64_t> shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   auto checked = TensorAccess::bytes_of(dtype, t.shape_);
-  if (!checked.ok()) throw std::length_error("Tensor::empty: " + checked.status().message());
+  if (!checked.ok()) return Status{ErrorKind::kInvalidArgument, checked.status().message()};
   size_t bytes = (checked.value() + 63) / 64 * 64;
   // Large tensors on 2 MiB boundaries, offered to transparent huge pages (as
   // PyTorch 2.1+'s CPU allocator does with THP_MEM_ALLOC_ENABLE=1; 1.13 does
@@ -90,7 +100,11 @@ Tensor Tensor::empty(DType dtype, std::vector<int64_t> shape) {
   const bool huge = bytes >= kHugeFrom && !base::env_flag("FG_NO_HUGEPAGES");
   if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
   void* p = huge ? map_huge(bytes) : std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
-  if (p == nullptr) throw std::bad_alloc();
+  if (p == nullptr) {
+    return Status{ErrorKind::kResourceExhausted,
+                  fmt::format("no memory for a tensor of {} bytes ({}[{}])", checked.value(), dtype_name(dtype),
+                              fmt::join(t.shape_, ", "))};
+  }
   if (huge) base::note_huge_range(p, bytes);
   t.data_.reset(static_cast<std::byte*>(p));
   return t;

@@ -51,6 +51,7 @@ MUTATIONS=(
   "a member's refusal of single copy is not heard by the others|src/core/communicator.cpp|s/\*all = \*all && v\.value\(\);/*all = *all;/|test_single_copy|SingleCopyFallback.RefusedOnOneRankTheWholeGroupUsesTheRing"
   "a waiter on a crowded host spins and yields as on a quiet one|src/engine/driver.cpp|s/spin_yield_ = crowded \? spin_ : /spin_yield_ = /|test_waiting|Waiting.OnACrowdedHostAWaiterSleepsAlmostAtOnce"
   "the host is never seen oversubscribed|src/transport/wait_policy.cpp|s/running > cores/running > 4096/|test_waiting|Waiting.TheHostIsSeenOversubscribedUnderLoad"
+  "Tensor::allocate calls a bad shape a lack of memory|src/core/tensor.cpp|s/return Status\{ErrorKind::kInvalidArgument, checked\.status\(\)\.message\(\)\};/return Status{ErrorKind::kResourceExhausted, checked.status().message()};/|test_jobs|Environment.TensorAllocateReturnsTheErrorAsAStatus"
 )
 
 if [ -n "${FG_MUTATIONS_ONLY:-}" ]; then
