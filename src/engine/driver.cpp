@@ -80,12 +80,9 @@ Driver::Driver(Task<Status> op, DriveOptions options) : op_(std::move(op)), opt_
 void Driver::suspended(Waiter* w) {
   current_ = w;
   wait_began_ = Clock::now();
-  // On a crowded host a waiter gives its core away almost at once (see
-  // WaitPolicy::adapt); on a quiet one it spins, then yields, then sleeps.
-  const bool crowded =
-      opt_.policy.adapt && (opt_.policy.crowded != nullptr ? opt_.policy.crowded() : transport::host_oversubscribed());
-  spin_ = crowded ? std::min(opt_.policy.spin, opt_.policy.contended_spin) : opt_.policy.spin;
-  spin_yield_ = crowded ? spin_ : opt_.policy.spin + opt_.policy.yield;
+  spin_ = opt_.policy.spin;
+  spin_yield_ = opt_.policy.spin + opt_.policy.yield;
+  crowd_asked_ = !opt_.policy.adapt;
   next_report_ = opt_.policy.report;
   if (!deadline_set_) {
     deadline_set_ = true;
@@ -128,9 +125,22 @@ void Driver::resume() {
   if (op_.done()) finish();
 }
 
+// On a crowded host a waiter gives its core away almost at once (see
+// WaitPolicy::adapt); on a quiet one it spins, then yields, then sleeps.
+// Asked once per wait, once it has outlasted the short spin.
+void Driver::ask_about_the_crowd(Clock::duration waited) {
+  if (crowd_asked_ || waited < opt_.policy.contended_spin) return;
+  crowd_asked_ = true;
+  const bool crowded = opt_.policy.crowded != nullptr ? opt_.policy.crowded() : transport::host_oversubscribed();
+  if (!crowded) return;
+  spin_ = std::min<Clock::duration>(spin_, opt_.policy.contended_spin);
+  spin_yield_ = spin_;
+}
+
 bool Driver::round(Clock::duration waited) {
   Waiter& w = *current_;
   if (w.ready()) return true;
+  ask_about_the_crowd(waited);
   if (waited < spin_yield_) return false;
   Status why;
   if (opt_.aborted != nullptr && opt_.aborted->load(std::memory_order_acquire) != 0) {

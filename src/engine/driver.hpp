@@ -116,6 +116,8 @@ class Driver {
   Clock::duration next_report_{};  // of the current wait
   // The current wait's budgets: spin until spin_, then yield until spin_yield_.
   Clock::duration spin_{}, spin_yield_{};
+  bool crowd_asked_ = false;  // of the current wait
+  void ask_about_the_crowd(Clock::duration waited);
   bool deadline_set_ = false;
   bool started_ = false;
   bool done_ = false;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 namespace fastgather::transport {
@@ -32,19 +33,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kSampleEvery = std::chrono::milliseconds(10);
 
-// procs_running from /proc/stat; -1 where it cannot be read.
+// procs_running from /proc/stat; -1 where it cannot be read. The line comes
+// after one line per core and the interrupt counts (hundreds of KiB on
+// large hosts): the whole file is read.
 int procs_running() {
   const int fd = ::open("/proc/stat", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
-  // The line is near the end, after one "cpuN" line per core and the
-  // interrupt counts: read it all (a few KiB on small hosts, more on large).
-  static thread_local char buf[64 << 10];
-  size_t got = 0;
-  for (ssize_t r; got < sizeof(buf) - 1 && (r = ::read(fd, buf + got, sizeof(buf) - 1 - got)) > 0;) got += static_cast<size_t>(r);
+  std::string text;
+  char buf[16 << 10];
+  for (ssize_t r; (r = ::read(fd, buf, sizeof(buf))) > 0;) text.append(buf, static_cast<size_t>(r));
   ::close(fd);
-  buf[got] = '\0';
-  const char* at = std::strstr(buf, "\nprocs_running ");
-  return at == nullptr ? -1 : std::atoi(at + std::strlen("\nprocs_running "));
+  const char* key = "\nprocs_running ";
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1 : std::atoi(text.c_str() + at + std::strlen(key));
 }
 
 std::atomic<int64_t> g_next_sample{0};  // steady_clock nanoseconds

@@ -35,8 +35,9 @@ struct WaitPolicy {
 
 // Whether more tasks are runnable on this host than it has cores (the
 // kernel's procs_running, /proc/stat), as last sampled: at most every 10 ms
-// per process, so that a wait costs at most a relaxed load. Our own ranks
-// count among the runnable; a waiter that spins is one.
+// per process. Asked only by a wait that has outlasted contended_spin, so
+// that a wait whose data comes at once never pays for the sample. Our own
+// ranks count among the runnable; a waiter that spins is one.
 bool host_oversubscribed();
 
 }  // namespace fastgather::transport
