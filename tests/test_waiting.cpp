@@ -86,8 +86,8 @@ TEST(Waiting, TheHostIsSeenOversubscribedUnderLoad) {
   for (unsigned i = 0; i < cores + 2; ++i) {
     pid_t p = ::fork();
     if (p == 0) {
-      for (;;) {
-      }
+      volatile unsigned spin = 0;  // a loop with a side effect: one the compiler keeps
+      for (;;) spin = spin + 1;
     }
     loops.push_back(p);
   }
