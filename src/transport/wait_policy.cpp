@@ -60,7 +60,10 @@ bool host_oversubscribed() {
                                                             std::memory_order_relaxed)) {
     static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int running = procs_running();
-    g_oversubscribed.store(running > cores, std::memory_order_relaxed);
+    // Two more than the cores: one more is the noise of a quiet host (the
+    // sampling rank's spawner waking to reap, a kernel thread) beside ranks
+    // that fill its cores, and read as a crowd it sent quiet ranks to sleep.
+    g_oversubscribed.store(running > cores + 1, std::memory_order_relaxed);
   }
   return g_oversubscribed.load(std::memory_order_relaxed);
 }

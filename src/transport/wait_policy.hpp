@@ -33,8 +33,8 @@ struct WaitPolicy {
   static WaitPolicy for_members(int members, std::chrono::milliseconds timeout, const Settings& settings = {});
 };
 
-// Whether more tasks are runnable on this host than it has cores (the
-// kernel's procs_running, /proc/stat), as last sampled: at most every 10 ms
+// Whether at least two more tasks are runnable on this host than it has
+// cores (the kernel's procs_running, /proc/stat), as last sampled: at most every 10 ms
 // per process. Asked only by a wait that has outlasted contended_spin, so
 // that a wait whose data comes at once never pays for the sample. Our own
 // ranks count among the runnable; a waiter that spins is one.
