@@ -126,6 +126,32 @@ Status convert(const TensorView& src, const TensorView& dst);
 Request start_broadcast(Group& group, const TensorView& data, int root);
 Status broadcast(Group& group, const TensorView& data, int root);
 
+struct ReduceOptions {
+  // all_reduce: kOneShot or kTwoShot (kAuto: by size and members);
+  // reduce_scatter: kOneShot. Every member must pass the same.
+  Schedule schedule = Schedule::kAuto;
+  CallStats* stats = nullptr;  // filled when set
+};
+
+// Sums, within one server (a group across servers is refused with
+// kUnsupported). fp32, fp16 and bf16 (summed in fp32, rounded once), fp64,
+// int32 and int64 (wrapping). Every element is summed by one member in
+// group-rank order, whatever order the peers' bytes arrive in: equal inputs
+// give equal bits on every run and every member.
+
+// input holds group.size() chunks of output's size, back to back; output =
+// the sum of every member's chunk group.rank(). output may be this rank's
+// own chunk of input.
+Request start_reduce_scatter(Group& group, const TensorView& input, const TensorView& output,
+                             const ReduceOptions& options = {});
+Status reduce_scatter(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options = {});
+
+// output = the sum of every member's input (same size and dtype); output may
+// be input (in place). Every member gets the same bits.
+Request start_all_reduce(Group& group, const TensorView& input, const TensorView& output,
+                         const ReduceOptions& options = {});
+Status all_reduce(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options = {});
+
 // A group barrier through the same channels as the collectives.
 Request start_barrier(Group& group);
 Status barrier(Group& group);

@@ -1,4 +1,4 @@
-// How an all-gather moves its blocks: asked for in the ops' options, and
+// How a collective moves its blocks: asked for in the ops' options, and
 // reported in CallStats (what a call ran). One enum for both.
 #pragma once
 
@@ -16,8 +16,12 @@ enum class Schedule : uint8_t {
   // Across servers (within one server both run as the one-shot):
   kDirect,        // every member sends its block to every member on other servers
   kHierarchical,  // gather within servers, leaders exchange, relay within servers
+  // all_reduce within a server: reduce-scatter (each member sums one chunk
+  // of everyone's input), then all-gather of the sums. Its one-shot: every
+  // member sums all of everyone's input.
+  kTwoShot,
 };
-// "auto", "one-shot", "ring", "direct", "hierarchical"
+// "auto", "one-shot", "ring", "direct", "hierarchical", "two-shot"
 const char* to_string(Schedule schedule);
 
 }  // namespace fastgather

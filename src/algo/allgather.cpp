@@ -21,6 +21,8 @@ const char* op_name(OpCode op) {
     case OpCode::kAllGatherMatmul: return "all_gather_matmul";
     case OpCode::kBarrier: return "barrier";
     case OpCode::kBroadcast: return "broadcast";
+    case OpCode::kReduceScatter: return "reduce_scatter";
+    case OpCode::kAllReduce: return "all_reduce";
   }
   return "unknown-op";
 }
@@ -54,7 +56,8 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
   } else {
     uint32_t at = 0;
     std::byte* dst = ch.claim(s.len, &at);
-    if (s.len != 0) copy_into_ring(s.how, dst, s.data, s.len);
+    if (s.fill != nullptr) (*s.fill)(dst);
+    else if (s.len != 0) copy_into_ring(s.how, dst, s.data, s.len);
     mine.offset = at;
     ch.post(step, mine);
   }
@@ -81,15 +84,13 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
   co_return Status::Ok();
 }
 
-namespace {
-
-// "Done reading": a step with nothing in it. An owner whose input peers
-// read where it lies leaves only after every peer has posted this.
 engine::Task<Status> done_reading(CallState& st) {
   auto nothing = [] {};
   auto none = [](int, const transport::PostHeader&, const std::byte*) {};
   co_return co_await lockstep(st, Step{.inline_data = true}, nothing, none);
 }
+
+namespace {
 
 // What an owner posts inline in the first step of single copy.
 struct Offer {

@@ -19,7 +19,14 @@
 
 namespace fastgather::algo {
 
-enum class OpCode : uint32_t { kAllGather = 1, kAllGatherMatmul = 2, kBarrier = 3, kBroadcast = 4 };
+enum class OpCode : uint32_t {
+  kAllGather = 1,
+  kAllGatherMatmul = 2,
+  kBarrier = 3,
+  kBroadcast = 4,
+  kReduceScatter = 5,
+  kAllReduce = 6,
+};
 const char* op_name(OpCode op);
 
 // Where the time of a call went, for the benchmark's shares.

@@ -49,6 +49,9 @@ struct Step {
   // says in it whose bytes it carries.
   const transport::PostHeader* header = nullptr;
   int only_from = -1;  // wait for this member's post alone (-1: every peer's)
+  // Writes the step's len bytes into the ring in place of copying them from
+  // data (a step gathered from several places of the input).
+  const FunctionRef<void(std::byte* ring)>* fill = nullptr;
 };
 
 // take(peer, header, src): a peer's post of this step; src is where its bytes
@@ -62,5 +65,10 @@ using Take = FunctionRef<void(int peer, const transport::PostHeader& header, con
 // after a mismatch, so all members leave the call at the same step; after
 // one, take is not called.
 engine::Task<Status> lockstep(CallState& st, const Step& step, FunctionRef<void()> posted, Take take);
+
+// "Done reading": a step with nothing in it. An owner whose input peers
+// read where it lies (CallState::in_place) leaves only after every peer has
+// posted this.
+engine::Task<Status> done_reading(CallState& st);
 
 }  // namespace fastgather::algo

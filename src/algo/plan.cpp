@@ -66,7 +66,69 @@ size_t net_piece_bytes(size_t bytes, size_t align, size_t configured) {
   return piece;
 }
 
+namespace {
+
+// reduce_scatter and all_reduce: within one server, copy-in/copy-out (or
+// inline, or read in place from the heap); no single copy (a sum reads every
+// source once wherever it lies, so reading a peer's block into the own memory
+// first would only add a pass).
+CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
+  CallPlan p;
+  p.asked = call.schedule;
+  const char* op = op_name(call.op);
+  auto refuse = [&](std::string why) {
+    p.error = Status{ErrorKind::kUnsupported, fmt::format("{}: {}", g.label, why)};
+    return p;
+  };
+  if (g.topo.servers() > 1) {
+    return refuse(fmt::format("{} runs within one server; this group spans {} servers", op, g.topo.servers()));
+  }
+  const bool all_reduce = call.op == OpCode::kAllReduce;
+  const int n = g.topo.members();
+  switch (call.schedule) {
+    case Schedule::kAuto:
+      p.schedule = all_reduce && n >= 3 && call.bytes >= kTwoShotMinBytes ? Schedule::kTwoShot : Schedule::kOneShot;
+      break;
+    case Schedule::kOneShot: p.schedule = Schedule::kOneShot; break;
+    case Schedule::kTwoShot:
+      if (all_reduce) {
+        p.schedule = Schedule::kTwoShot;
+        break;
+      }
+      [[fallthrough]];
+    default:
+      return refuse(fmt::format("{} runs {}within one server, not {}", op, all_reduce ? "one-shot or two-shot " : "one-shot ",
+                                to_string(call.schedule)));
+  }
+  if (n == 1) p.schedule = Schedule::kOneShot;  // nothing to share
+  // A reduce-scatter step carries a piece for every member: it is inline
+  // when the whole input rides in the post line.
+  const bool scatters = !all_reduce || p.schedule == Schedule::kTwoShot;
+  p.protocol = call.bytes <= transport::kInlineBytes && p.schedule == Schedule::kOneShot ? Protocol::kInline
+                                                                                         : Protocol::kCopyInOut;
+  const size_t align = std::max<size_t>(call.align, 1);
+  const size_t step = max_piece(g.pipeline_bytes != 0 ? std::min(g.pipeline_bytes, g.max_step_bytes) : g.max_step_bytes, align);
+  if (p.protocol == Protocol::kInline) {
+    p.piece = call.bytes;
+  } else if (scatters) {
+    // Whole cache lines for each member where the step allows.
+    const size_t each = step / static_cast<size_t>(n);
+    p.piece = each >= 64 && 64 % align == 0 ? each / 64 * 64 : each / align * align;
+  } else {
+    p.piece = step;
+  }
+  if (p.piece == 0 && call.bytes != 0 && n > 1) {
+    return refuse(fmt::format("a step of the shared-memory ring ({} bytes, FG_RING_BYTES) cannot hold a {}-byte "
+                              "element for each of {} members", g.max_step_bytes, align, n));
+  }
+  p.in_place = g.heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline;
+  return p;
+}
+
+}  // namespace
+
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
+  if (call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce) return plan_reduction(g, call);
   const Settings& settings = *call.settings;
   const Topology& topo = g.topo;
   const bool spans = topo.servers() > 1;
@@ -121,7 +183,7 @@ CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
 // (3 bits) and the protocol (2 bits). Settings may differ between ranks
 // (FG_SINGLE_COPY_MIN_BYTES, FG_HIER_MIN_BYTES): members whose plans differ
 // would otherwise read each other's steps wrongly, and now disagree instead.
-static_assert(static_cast<int>(Schedule::kHierarchical) < 8 && static_cast<int>(Protocol::kSingleCopy) < 4);
+static_assert(static_cast<int>(Schedule::kTwoShot) < 8 && static_cast<int>(Protocol::kSingleCopy) < 4);
 
 transport::PostHeader header_of(const GatherCall& call, const CallPlan& plan) {
   const auto algo = static_cast<uint8_t>(static_cast<unsigned>(plan.asked) | static_cast<unsigned>(plan.schedule) << 3 |
@@ -177,6 +239,14 @@ GatherCall example_call(size_t bytes, Schedule asked = Schedule::kAuto, bool kee
   return c;
 }
 
+GatherCall example_sum(OpCode op, size_t bytes) {
+  GatherCall c;
+  c.op = op;
+  c.bytes = bytes;
+  c.align = 4;
+  return c;
+}
+
 }  // namespace
 
 std::vector<PlanRow> plan_table() {
@@ -208,6 +278,19 @@ std::vector<PlanRow> plan_table() {
       {fmt::format(">= {} per member, the group has a symmetric heap", size_words(kInPlaceMinBytes)),
        "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
        "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
+      {fmt::format("sums (reduce_scatter, all_reduce; one server only): all_reduce of 3+ members, >= {} per member, "
+                   "two-shot or auto asked", size_words(kTwoShotMinBytes)),
+       "schedule: two-shot", "each member sums its 1/n chunk of every input, then copies every other member's summed chunk",
+       example_sum(OpCode::kAllReduce, kTwoShotMinBytes), example_group(one_server)},
+      {"sums, otherwise", "schedule: one-shot",
+       "reduce_scatter: each member sums its chunk of every input; all_reduce: each member sums every input whole",
+       example_sum(OpCode::kReduceScatter, 4096), example_group(one_server)},
+      {fmt::format("sums, one-shot, <= {} per member", size_words(transport::kInlineBytes)), "protocol: inline",
+       "one cache-line transfer per peer", example_sum(OpCode::kAllReduce, transport::kInlineBytes), example_group(one_server)},
+      {"sums, larger", "protocol: copy-in/copy-out, in steps",
+       "a reduce-scatter step holds a piece of every other member's chunk (the own chunk never enters the ring); a "
+       "one-shot all_reduce step, a piece of the whole input",
+       example_sum(OpCode::kReduceScatter, 4096), example_group(one_server)},
   };
 }
 

@@ -65,7 +65,10 @@ struct CallPlan {
   Schedule asked = Schedule::kAuto;       // what the op was asked for (members must agree)
   Schedule schedule = Schedule::kOneShot;  // what runs: never kAuto
   Protocol protocol = Protocol::kInline;   // among the members on this server
-  size_t piece = 0;        // bytes per shared-memory step (inline: the whole block)
+  // Bytes per shared-memory step (inline: the whole block). A reduce-scatter
+  // (and a two-shot all-reduce) sends a piece to every peer in each step:
+  // the bytes for one peer.
+  size_t piece = 0;
   size_t read_piece = 0;   // single copy: bytes per process_vm_readv
   size_t relay_piece = 0;  // hierarchical: bytes per relay step through the leader's ring
   size_t net_piece = 0;    // across servers: bytes per UCX message
@@ -95,6 +98,11 @@ std::vector<PlanRow> plan_table();
 // into the ring: below it the extra round costs what the copy saves
 // (docs/benchmarks.md, "Symmetric inputs").
 constexpr size_t kInPlaceMinBytes = 4 << 10;
+
+// From this size per member an all-reduce of 3 or more members runs
+// two-shot: each member reads its chunk of everyone's input and the sums once
+// more, instead of everyone's whole input (docs/benchmarks.md, "Reductions").
+constexpr size_t kTwoShotMinBytes = 256 << 10;
 
 // Largest piece a shared-memory step holds for this alignment (0: a row
 // does not fit one step).

@@ -11,6 +11,7 @@ const char* to_string(Schedule s) {
     case Schedule::kRing: return "ring";
     case Schedule::kDirect: return "direct";
     case Schedule::kHierarchical: return "hierarchical";
+    case Schedule::kTwoShot: return "two-shot";
   }
   return "unknown-schedule";
 }

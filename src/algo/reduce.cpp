@@ -1,0 +1,148 @@
+#include "algo/reduce.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "algo/copy_in.hpp"
+#include "algo/lockstep.hpp"
+
+namespace fastgather::algo {
+
+Chunks::Chunks(size_t total_bytes, int members, size_t align) : total(total_bytes) {
+  const size_t n = static_cast<size_t>(std::max(members, 1));
+  const size_t unit = 64 % std::max<size_t>(align, 1) == 0 ? 64 : std::max<size_t>(align, 1);
+  each = ((total + n - 1) / n + unit - 1) / unit * unit;
+}
+
+namespace {
+
+size_t part(size_t size, size_t off, size_t most) { return size > off ? std::min(most, size - off) : 0; }
+
+// Every member sends each peer its piece of the peer's chunk, a piece per
+// peer in each step, and sums the pieces of its own chunk as they come:
+// chunk m of every input (first(m), size(m)) is summed by member m into
+// dst + offset within the chunk. The own chunk never enters the ring.
+engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, std::byte* dst, Sum sum) {
+  transport::ShmChannel& ch = st.ch;
+  const GatherCall& call = st.call;
+  const int n = ch.members();
+  const int me = ch.me();
+  const bool inline_data = st.plan.protocol == Protocol::kInline;
+  // Peers read the input where it lies when it is in this member's heap.
+  const bool from_heap = st.plan.in_place && ch.heap() != nullptr && ch.heap()->own_offset(call.input, call.bytes);
+  const size_t sub = inline_data ? std::max<size_t>(chunks.each, 1) : st.plan.piece;
+  std::vector<const std::byte*> srcs(static_cast<size_t>(n));
+  for (size_t off = 0; st.first || off < chunks.each; off += sub) {
+    const size_t stride = part(chunks.each, off, sub);  // every member's piece has room for this much
+    auto fill = [&](std::byte* ring) {
+      for (int d = 0; d < n; ++d) {
+        const size_t len = part(chunks.size(d), off, stride);
+        if (d != me && len != 0) copy_into_ring(CopyIn::kCached, ring + static_cast<size_t>(d) * stride,
+                                                call.input + chunks.first(d) + off, len);
+      }
+    };
+    FunctionRef<void(std::byte*)> fill_ref(fill);
+    Step step{.inline_data = inline_data, .data = call.input, .len = call.bytes};
+    if (from_heap) {
+      step.may_be_in_place = true;
+    } else if (!inline_data) {
+      step.len = stride * static_cast<size_t>(n);
+      step.fill = &fill_ref;
+    }
+    auto nothing = [] {};
+    auto take = [&](int peer, const transport::PostHeader& h, const std::byte* src) {
+      // Posted whole (inline, or the input in the peer's heap), or a piece per member.
+      srcs[static_cast<size_t>(peer)] = inline_data || h.in_heap != 0 ? src + chunks.first(me) + off
+                                                                      : src + static_cast<size_t>(me) * stride;
+    };
+    Status s = co_await lockstep(st, step, nothing, take);
+    if (!s.ok()) co_return s;
+    if (!st.mismatch.empty()) co_return st.mismatch_status();
+    if (const size_t len = part(chunks.size(me), off, stride); len != 0) {
+      srcs[static_cast<size_t>(me)] = call.input + chunks.first(me) + off;
+      sum(dst + off, srcs.data(), n, len);
+    }
+  }
+  co_return Status::Ok();
+}
+
+// Two-shot's second half: each member's summed chunk to every peer.
+engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* out) {
+  transport::ShmChannel& ch = st.ch;
+  const int me = ch.me();
+  const size_t piece = st.plan.piece * static_cast<size_t>(ch.members());
+  for (size_t off = 0; off == 0 || off < chunks.each; off += piece) {
+    const Step step{.data = out + chunks.first(me) + off, .len = part(chunks.size(me), off, piece), .may_be_in_place = true};
+    auto nothing = [] {};
+    auto take = [&](int peer, const transport::PostHeader&, const std::byte* src) {
+      if (const size_t len = part(chunks.size(peer), off, piece); len != 0) {
+        copy_out(out + chunks.first(peer) + off, src, len, false);
+      }
+    };
+    Status s = co_await lockstep(st, step, nothing, take);
+    if (!s.ok()) co_return s;
+  }
+  co_return Status::Ok();
+}
+
+// Every member sums all of everyone's input, a step at a time.
+engine::Task<Status> sum_everything(CallState& st, std::byte* out, Sum sum) {
+  transport::ShmChannel& ch = st.ch;
+  const GatherCall& call = st.call;
+  const int n = ch.members();
+  const int me = ch.me();
+  const bool inline_data = st.plan.protocol == Protocol::kInline;
+  // In place (out is the input) a peer must not read the input where it
+  // lies: this member overwrites each piece once it has summed it.
+  const bool own_heap = call.input != out;
+  std::vector<const std::byte*> srcs(static_cast<size_t>(n));
+  for (size_t off = 0; st.first || off < call.bytes;) {
+    const size_t len = std::min(st.plan.piece, call.bytes - off);
+    const Step step{.inline_data = inline_data, .data = call.input + off, .len = len, .may_be_in_place = own_heap};
+    auto nothing = [] {};
+    auto take = [&](int peer, const transport::PostHeader&, const std::byte* src) { srcs[static_cast<size_t>(peer)] = src; };
+    Status s = co_await lockstep(st, step, nothing, take);
+    if (!s.ok()) co_return s;
+    if (!st.mismatch.empty()) co_return st.mismatch_status();
+    if (len != 0) {
+      srcs[static_cast<size_t>(me)] = call.input + off;
+      sum(out + off, srcs.data(), n, len);
+    }
+    off += len;
+  }
+  co_return Status::Ok();
+}
+
+}  // namespace
+
+engine::Task<Status> reduce(transport::ShmChannel& ch, GatherCall call, const CallPlan& plan, std::byte* out, Sum sum) {
+  if (!ch.broken().ok()) co_return ch.broken();
+  if (!plan.error.ok()) co_return plan.error;
+  const int n = ch.members();
+  if (n == 1) {  // the sum of one: the input
+    if (call.bytes != 0) sum(out, &call.input, 1, call.bytes);
+    co_return Status::Ok();
+  }
+  CallState st(ch, call, plan);
+  Status s;
+  if (call.op == OpCode::kAllReduce && plan.schedule == Schedule::kOneShot) {
+    s = co_await sum_everything(st, out, sum);
+  } else if (call.op == OpCode::kAllReduce) {
+    const Chunks chunks(call.bytes, n, call.align);
+    s = co_await scatter_sums(st, chunks, out + chunks.first(ch.me()), sum);
+    if (s.ok()) s = co_await share_sums(st, chunks, out);
+  } else {
+    Chunks chunks(call.bytes, n, call.align);
+    chunks.each = call.bytes / static_cast<size_t>(n);  // the op's chunks: equal, back to back
+    s = co_await scatter_sums(st, chunks, out, sum);
+  }
+  if (!s.ok()) co_return s;
+  if (st.in_place) {
+    // Peers may still read what lies in this member's heap: nobody leaves
+    // before everyone is done.
+    if (Status d = co_await done_reading(st); !d.ok()) co_return d;
+  }
+  co_return Status::Ok();
+}
+
+}  // namespace fastgather::algo

@@ -1,0 +1,118 @@
+// reduce_scatter and all_reduce: the argument checks, the plan and the sums;
+// the schedules are algo/reduce.hpp's.
+#include <chrono>
+
+#include "algo/reduce.hpp"
+#include "core/group_impl.hpp"
+#include "fastgather/ops.hpp"
+#include "ops/request.hpp"
+#include "ops/run_gather.hpp"
+#include "ops/sum.hpp"
+#include "ops/validate.hpp"
+
+namespace fastgather {
+
+namespace {
+
+// What both ops check: data where there are bytes, one summable dtype.
+Status check_sum_args(Group& group, const char* op, const TensorView& input, const TensorView& output) {
+  if (Status s = ops::need_data(group, op, "input", input); !s.ok()) return s;
+  if (Status s = ops::need_data(group, op, "output", output); !s.ok()) return s;
+  if (output.dtype != input.dtype) {
+    return ops::invalid(group, op, fmt::format("output is {}, input is {}", dtype_name(output.dtype), dtype_name(input.dtype)));
+  }
+  if (!ops::summable(input.dtype)) {
+    return ops::invalid(group, op, fmt::format("{} cannot be summed here (fp32, fp16, bf16, fp64, int32, int64)",
+                                               dtype_name(input.dtype)));
+  }
+  return Status::Ok();
+}
+
+engine::Task<Status> run_reduce(Group& group, algo::GatherCall call, std::byte* out, CallStats* stats) {
+  Group::Impl& i = *impl_of(group);
+  const algo::CallPlan plan = ops::plan_for(group, call);
+  const DType dtype = static_cast<DType>(call.dtype);
+  auto sum = [dtype](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) { ops::sum(dtype, dst, srcs, n, bytes); };
+  const auto t0 = stats != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  Status s = co_await algo::reduce(*i.channel, call, plan, out, sum);
+  if (stats != nullptr) {
+    *stats = {};
+    stats->schedule = plan.schedule;
+    stats->protocol = algo::protocol_name(plan.protocol);
+    stats->piece_bytes = plan.piece;
+    stats->intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  }
+  co_return s;
+}
+
+algo::GatherCall reduce_call(algo::OpCode op, const TensorView& input, const ReduceOptions& options) {
+  algo::GatherCall call;
+  call.op = op;
+  call.dtype = static_cast<uint32_t>(input.dtype);
+  call.input = static_cast<const std::byte*>(input.data);
+  call.bytes = input.nbytes();
+  call.align = dtype_size(input.dtype);
+  call.schedule = options.schedule;
+  return call;
+}
+
+engine::Task<Status> reduce_scatter_op(Group& group, const TensorView& input, const TensorView& output,
+                                       ReduceOptions options) {
+  constexpr const char* kOp = "reduce_scatter";
+  if (Status s = check_sum_args(group, kOp, input, output); !s.ok()) co_return s;
+  const size_t n = static_cast<size_t>(group.size());
+  const size_t chunk = output.nbytes();
+  if (input.nbytes() != chunk * n) {
+    co_return ops::invalid(group, kOp, fmt::format("input {} holds {} bytes; {} ranks x {} output bytes need {}",
+                                                   input.describe(), input.nbytes(), n, chunk, chunk * n));
+  }
+  const auto* own_chunk = static_cast<const std::byte*>(input.data) + static_cast<size_t>(group.rank()) * chunk;
+  if (output.data != own_chunk && ops::overlaps(output.data, chunk, input.data, chunk * n)) {
+    co_return ops::invalid(group, kOp, "output overlaps input other than as this rank's own chunk");
+  }
+  co_return co_await run_reduce(group, reduce_call(algo::OpCode::kReduceScatter, input, options),
+                                static_cast<std::byte*>(output.data), options.stats);
+}
+
+engine::Task<Status> all_reduce_op(Group& group, const TensorView& input, const TensorView& output, ReduceOptions options) {
+  constexpr const char* kOp = "all_reduce";
+  if (Status s = check_sum_args(group, kOp, input, output); !s.ok()) co_return s;
+  if (output.nbytes() != input.nbytes()) {
+    co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes, input {} holds {}", output.describe(),
+                                                   output.nbytes(), input.describe(), input.nbytes()));
+  }
+  if (output.data != input.data && ops::overlaps(output.data, output.nbytes(), input.data, input.nbytes())) {
+    co_return ops::invalid(group, kOp, "output overlaps input without being it");
+  }
+  co_return co_await run_reduce(group, reduce_call(algo::OpCode::kAllReduce, input, options),
+                                static_cast<std::byte*>(output.data), options.stats);
+}
+
+// The start_ forms own copies of what they were given.
+engine::Task<Status> owning_reduce_scatter(Group& group, TensorView input, TensorView output, ReduceOptions options) {
+  co_return co_await reduce_scatter_op(group, input, output, options);
+}
+
+engine::Task<Status> owning_all_reduce(Group& group, TensorView input, TensorView output, ReduceOptions options) {
+  co_return co_await all_reduce_op(group, input, output, options);
+}
+
+}  // namespace
+
+Request start_reduce_scatter(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
+  return RequestAccess::start(group, owning_reduce_scatter(group, input, output, options));
+}
+
+Status reduce_scatter(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
+  return RequestAccess::run(group, reduce_scatter_op(group, input, output, options));
+}
+
+Request start_all_reduce(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
+  return RequestAccess::start(group, owning_all_reduce(group, input, output, options));
+}
+
+Status all_reduce(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
+  return RequestAccess::run(group, all_reduce_op(group, input, output, options));
+}
+
+}  // namespace fastgather

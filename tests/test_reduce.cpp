@@ -1,0 +1,362 @@
+// reduce_scatter and all_reduce within a server: every element of every
+// dtype checked bit for bit against the sum in group-rank order (each rank
+// computes every rank's input itself) and against a float64 reference; odd
+// sizes around the inline, step and two-shot boundaries; ordinary memory and
+// the symmetric heap; in place; ranks outnumbering cores; mismatches and bad
+// arguments on every member; a dead peer in the middle of a reduction.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
+
+using namespace fastgather;
+using namespace std::chrono_literals;
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Rank r's element i of call `it`, stored at p as `dtype` (floats with
+// fractional bits, so that rounding shows; integers anywhere, so that sums wrap).
+void put(DType dtype, void* p, size_t i, int rank, uint64_t it) {
+  const uint64_t h = mix(it * 1000003 + static_cast<uint64_t>(rank) * 7919 + i * 0x100000001b3ull);
+  const double v = (static_cast<double>(h % 20001) - 10000.0) / 997.0;
+  switch (dtype) {
+    case DType::kF32: *static_cast<float*>(p) = static_cast<float>(v); break;
+    case DType::kF64: *static_cast<double*>(p) = v; break;
+    case DType::kF16: *static_cast<uint16_t*>(p) = float_to_half(static_cast<float>(v)); break;
+    case DType::kBF16: *static_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(v)); break;
+    case DType::kI32: *static_cast<uint32_t*>(p) = static_cast<uint32_t>(h); break;
+    case DType::kI64: *static_cast<uint64_t*>(p) = h; break;
+    default: break;
+  }
+}
+double get(DType dtype, const void* p) {
+  switch (dtype) {
+    case DType::kF32: return *static_cast<const float*>(p);
+    case DType::kF64: return *static_cast<const double*>(p);
+    case DType::kF16: return half_to_float(*static_cast<const uint16_t*>(p));
+    case DType::kBF16: return bf16_to_float(*static_cast<const uint16_t*>(p));
+    case DType::kI32: return *static_cast<const int32_t*>(p);
+    case DType::kI64: return static_cast<double>(*static_cast<const int64_t*>(p));
+    default: return 0;
+  }
+}
+void fill(DType dtype, void* base, size_t count, int rank, uint64_t it) {
+  const size_t es = dtype_size(dtype);
+  for (size_t i = 0; i < count; ++i) put(dtype, static_cast<std::byte*>(base) + i * es, i, rank, it);
+}
+
+// Element i of the sum over `world` ranks, stored at out as the op must
+// give it: in rank order, fp16/bf16 in fp32 rounded once, integers wrapping.
+void expected(DType dtype, void* out, size_t i, int world, uint64_t it) {
+  alignas(8) std::byte x[8];
+  float f = 0;
+  double d = 0;
+  uint64_t u = 0;
+  for (int r = 0; r < world; ++r) {
+    put(dtype, x, i, r, it);
+    switch (dtype) {
+      case DType::kF64: d = r == 0 ? get(dtype, x) : d + get(dtype, x); break;
+      case DType::kI32: u += *reinterpret_cast<uint32_t*>(x); break;
+      case DType::kI64: u += *reinterpret_cast<uint64_t*>(x); break;
+      default: f = r == 0 ? static_cast<float>(get(dtype, x)) : f + static_cast<float>(get(dtype, x)); break;
+    }
+  }
+  switch (dtype) {
+    case DType::kF32: *static_cast<float*>(out) = f; break;
+    case DType::kF16: *static_cast<uint16_t*>(out) = float_to_half(f); break;
+    case DType::kBF16: *static_cast<uint16_t*>(out) = float_to_bf16(f); break;
+    case DType::kF64: *static_cast<double*>(out) = d; break;
+    case DType::kI32: *static_cast<uint32_t*>(out) = static_cast<uint32_t>(u); break;
+    case DType::kI64: *static_cast<uint64_t*>(out) = u; break;
+    default: break;
+  }
+}
+
+// Checks count elements at `got` (element `first` of the whole sum onward):
+// every bit as expected(), and floats within rounding of the float64 sum.
+std::string check_sum(DType dtype, const void* got, size_t first, size_t count, int world, uint64_t it) {
+  const size_t es = dtype_size(dtype);
+  const bool floating = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF64;
+  const double eps = dtype == DType::kF64 ? 1.2e-16 : dtype == DType::kF32 ? 6e-8 : dtype == DType::kF16 ? 4.9e-4 : 3.9e-3;
+  for (size_t i = first; i < first + count; ++i) {
+    const std::byte* g = static_cast<const std::byte*>(got) + (i - first) * es;
+    alignas(8) std::byte want[8];
+    expected(dtype, want, i, world, it);
+    if (std::memcmp(g, want, es) != 0) {
+      return fmt::format("element {} of the sum ({}): got {}, want {}", i, dtype_name(dtype), get(dtype, g), get(dtype, want));
+    }
+    if (!floating) continue;
+    double ref = 0, mag = 0;
+    for (int r = 0; r < world; ++r) {
+      alignas(8) std::byte x[8];
+      put(dtype, x, i, r, it);
+      ref += get(dtype, x);
+      mag += std::fabs(get(dtype, x));
+    }
+    // world-1 additions in fp32 (or fp64) and one rounding to the dtype.
+    const double tol = (world * (dtype == DType::kF64 ? 1.2e-16 : 6e-8) + eps) * mag + 1e-300;
+    if (std::fabs(get(dtype, g) - ref) > tol) {
+      return fmt::format("element {} ({}): {} is {} from the float64 sum {} (tolerance {})", i, dtype_name(dtype),
+                         get(dtype, g), std::fabs(get(dtype, g) - ref), ref, tol);
+    }
+  }
+  return "";
+}
+
+struct Case {
+  DType dtype;
+  size_t count;  // all_reduce: elements; reduce_scatter: elements per rank of the output
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32, DType::kI64}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{17}, size_t{1000}, size_t{4099}, size_t{70001}}) {
+      all.push_back({d, count});
+    }
+  }
+  all.push_back({DType::kF32, 300000});  // past the two-shot size and many steps
+  all.push_back({DType::kBF16, 150001});
+  return all;
+}
+
+Result<Tensor> make(Group& g, bool from_heap, DType dtype, size_t count) {
+  if (from_heap) return g.empty(dtype, {static_cast<int64_t>(count)});
+  return Tensor::allocate(dtype, {static_cast<int64_t>(count)});
+}
+
+std::string every_case(const Config& c, bool from_heap, Schedule all_reduce_schedule) {
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  Group& g = (*comm)->world();
+  const int n = g.size();
+  uint64_t it = 0;
+  for (const Case& k : cases()) {
+    const size_t es = dtype_size(k.dtype);
+    // all_reduce, into another tensor and in place.
+    for (bool in_place : {false, true}) {
+      ++it;
+      auto in = make(g, from_heap, k.dtype, k.count);
+      RANK_OK(in.status());
+      fill(k.dtype, in->data(), k.count, g.rank(), it);
+      std::optional<Tensor> out;
+      if (!in_place) {
+        auto made = make(g, from_heap, k.dtype, k.count);
+        RANK_OK(made.status());
+        out = std::move(made).value();
+      }
+      const TensorView dst = in_place ? in->view() : out->view();
+      CallStats stats;
+      RANK_OK(all_reduce(g, in->view(), dst, {.schedule = all_reduce_schedule, .stats = &stats}));
+      std::string bad = check_sum(k.dtype, dst.data, 0, k.count, n, it);
+      RANK_CHECK(bad.empty(), "all_reduce {} x {}{} ({}, {}): {}", k.count, dtype_name(k.dtype), in_place ? " in place" : "",
+                 to_string(stats.schedule), stats.protocol, bad);
+      if (!in_place) {  // the input is untouched
+        std::vector<std::byte> mine(k.count * es);
+        fill(k.dtype, mine.data(), k.count, g.rank(), it);
+        RANK_CHECK(k.count == 0 || std::memcmp(mine.data(), in->data(), k.count * es) == 0, "all_reduce changed its input");
+      }
+    }
+    // reduce_scatter, into another tensor and into the own chunk.
+    for (bool own_chunk : {false, true}) {
+      ++it;
+      auto in = make(g, from_heap, k.dtype, k.count * static_cast<size_t>(n));
+      RANK_OK(in.status());
+      // Chunk j of every input holds elements j*count.. of the whole sum.
+      fill(k.dtype, in->data(), k.count * static_cast<size_t>(n), g.rank(), it);
+      std::optional<Tensor> out;
+      if (!own_chunk) {
+        auto made = make(g, from_heap, k.dtype, k.count);
+        RANK_OK(made.status());
+        out = std::move(made).value();
+      }
+      std::byte* mine = static_cast<std::byte*>(in->data()) + static_cast<size_t>(g.rank()) * k.count * es;
+      const TensorView dst = own_chunk ? TensorView(mine, k.dtype, {static_cast<int64_t>(k.count)}) : out->view();
+      RANK_OK(reduce_scatter(g, in->view(), dst));
+      std::string bad = check_sum(k.dtype, dst.data, static_cast<size_t>(g.rank()) * k.count, k.count, n, it);
+      RANK_CHECK(bad.empty(), "reduce_scatter {} x {} per rank{}: {}", k.count, dtype_name(k.dtype),
+                 own_chunk ? " into the own chunk" : "", bad);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+class ReduceWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(ReduceWorlds, EveryDtypeAndSizeOrdinaryMemory) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return every_case(c, false, Schedule::kAuto); }));
+}
+
+TEST_P(ReduceWorlds, EveryDtypeAndSizeFromTheHeap) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return every_case(c, true, Schedule::kAuto); }));
+}
+
+TEST_P(ReduceWorlds, AllReduceTwoShotAtEverySize) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return every_case(c, false, Schedule::kTwoShot); }));
+}
+
+TEST_P(ReduceWorlds, AllReduceOneShotAtEverySizeFromTheHeap) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return every_case(c, true, Schedule::kOneShot); }));
+}
+
+// 2 ranks, 3 and 5 on this machine's 2 cores.
+INSTANTIATE_TEST_SUITE_P(Ranks, ReduceWorlds, ::testing::Values(2, 3, 5));
+
+TEST(Reduce, MismatchesAreNamedOnEveryMemberAndTheGroupStaysUsable) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const bool odd = g.rank() == 2;
+    Tensor a = Tensor::empty(DType::kF32, {3000});
+    Tensor b = Tensor::empty(DType::kF32, {odd ? 3001 : 3000});
+    Status s = all_reduce(g, b.view(), b.view());
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "sizes: {}", s.to_string());
+    RANK_CHECK(s.message().find("all_reduce") != std::string::npos && s.message().find("12004") != std::string::npos,
+               "{}", s.message());
+    // Same bytes, another dtype.
+    Tensor h = Tensor::empty(odd ? DType::kI32 : DType::kF32, {3000});
+    s = all_reduce(g, h.view(), h.view());
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "dtypes: {}", s.to_string());
+    // Another schedule asked for.
+    s = all_reduce(g, a.view(), a.view(), {.schedule = odd ? Schedule::kTwoShot : Schedule::kOneShot});
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "schedules: {}", s.to_string());
+    // Another op with the same bytes.
+    Tensor third = Tensor::empty(DType::kF32, {1000});
+    s = odd ? reduce_scatter(g, a.view(), third.view()) : all_reduce(g, a.view(), a.view());
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "ops: {}", s.to_string());
+    RANK_CHECK(s.message().find("reduce_scatter") != std::string::npos, "{}", s.message());
+    // Still usable, and right.
+    for (int64_t i = 0; i < 3000; ++i) static_cast<float*>(a.data())[i] = static_cast<float>(g.rank() + i);
+    RANK_OK(all_reduce(g, a.view(), a.view()));
+    for (int64_t i = 0; i < 3000; ++i) {
+      RANK_CHECK(static_cast<float*>(a.data())[i] == static_cast<float>(3 * i + 3), "element {}", i);
+    }
+    return "";
+  }));
+}
+
+TEST(Reduce, BadArgumentsAreRefusedOnTheRankThatPassedThem) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Tensor u8 = Tensor::empty(DType::kU8, {64});
+    Tensor f = Tensor::empty(DType::kF32, {64});
+    Tensor f2 = Tensor::empty(DType::kF32, {64});
+    Tensor half = Tensor::empty(DType::kF32, {32});
+    Tensor d = Tensor::empty(DType::kF64, {64});
+    auto refused = [&](Status s, const char* words) -> std::string {
+      if (s.kind() != ErrorKind::kInvalidArgument) return fmt::format("{}: {}", words, s.to_string());
+      if (s.message().find(words) == std::string::npos) return fmt::format("'{}' not in {}", words, s.message());
+      return "";
+    };
+    std::string bad;
+    if (bad = refused(all_reduce(g, u8.view(), u8.view()), "cannot be summed"); !bad.empty()) return bad;
+    if (bad = refused(all_reduce(g, f.view(), d.view()), "output is fp64"); !bad.empty()) return bad;
+    if (bad = refused(all_reduce(g, f.view(), half.view()), "holds 128 bytes"); !bad.empty()) return bad;
+    const TensorView shifted(static_cast<float*>(f.data()) + 1, DType::kF32, {63});
+    const TensorView first63(f.data(), DType::kF32, {63});
+    if (bad = refused(all_reduce(g, first63, shifted), "overlaps"); !bad.empty()) return bad;
+    if (bad = refused(reduce_scatter(g, f.view(), f.view()), "need 512"); !bad.empty()) return bad;
+    const TensorView not_own(f.data(), DType::kF32, {32});  // rank 1's own chunk is the second half
+    if (g.rank() == 1) {
+      if (bad = refused(reduce_scatter(g, f.view(), not_own), "overlaps"); !bad.empty()) return bad;
+    }
+    const TensorView null_in(nullptr, DType::kF32, {64});
+    if (bad = refused(all_reduce(g, null_in, f2.view()), "null"); !bad.empty()) return bad;
+    // Nothing was posted: the next call lines up.
+    for (int i = 0; i < 64; ++i) static_cast<float*>(f.data())[i] = 1.5f;
+    RANK_OK(all_reduce(g, f.view(), f2.view()));
+    RANK_CHECK(static_cast<float*>(f2.data())[63] == 3.0f, "{}", static_cast<float*>(f2.data())[63]);
+    return "";
+  }));
+}
+
+TEST(Reduce, AsRequestsInOrderBesideAGather) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Tensor x = Tensor::empty(DType::kF32, {9000});
+    Tensor y = Tensor::empty(DType::kF32, {3000});
+    Tensor z = Tensor::empty(DType::kF32, {9000});
+    for (int i = 0; i < 9000; ++i) static_cast<float*>(x.data())[i] = static_cast<float>(g.rank() * 10000 + i);
+    Request r1 = start_all_reduce(g, x.view(), x.view());
+    Request r2 = start_reduce_scatter(g, x.view(), y.view());  // starts after r1: it sees r1's sums
+    Request r3 = start_all_gather(g, y.view(), z.view());
+    RANK_OK(r3.wait());
+    RANK_OK(r1.wait());
+    RANK_OK(r2.wait());
+    for (int i = 0; i < 9000; ++i) {
+      const float sum = static_cast<float>(30000 + 3 * i);  // exact in fp32
+      RANK_CHECK(static_cast<float*>(x.data())[i] == sum, "all_reduce element {}", i);
+    }
+    for (int i = 0; i < 9000; ++i) {  // chunk r of 3 x the all-reduced x, gathered
+      const float sum = 3.0f * static_cast<float>(30000 + 3 * i);
+      RANK_CHECK(static_cast<float*>(z.data())[i] == sum, "reduce_scatter then gather: element {}", i);
+    }
+    return "";
+  }));
+}
+
+// A peer that dies while the others sum: they fail naming it, at once.
+TEST(Reduce, ADeadPeerInTheMiddleOfAReductionIsFoundAtOnce) {
+  auto results = fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Tensor x = Tensor::empty(DType::kF32, {1 << 20});
+    for (int i = 0; i < 20; ++i) RANK_OK(all_reduce(g, x.view(), x.view(), {.schedule = Schedule::kTwoShot}));
+    if (c.rank == 2) {
+      std::this_thread::sleep_for(50ms);  // the others are inside the next call
+      ::raise(SIGKILL);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = all_reduce(g, x.view(), x.view(), {.schedule = Schedule::kTwoShot});
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    RANK_CHECK(s.kind() == ErrorKind::kPeerLost, "{}", s.to_string());
+    RANK_CHECK(s.message().find("rank 2") != std::string::npos, "{}", s.message());
+    RANK_CHECK(ms < 2000, "noticed after {:.0f} ms", ms);
+    return "";
+  });
+  EXPECT_EQ(results[2].signal, SIGKILL);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].error;
+  EXPECT_EQ(results[1].exit_code, 0) << results[1].error;
+  EXPECT_TRUE(fgtest::segments_of(results).empty());
+}
+
+TEST(Reduce, AcrossServersIsRefusedOnEveryMember) {
+  fgtest::JobOptions opt;
+  opt.servers = 2;
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Tensor x = Tensor::empty(DType::kF32, {100});
+    Status s = all_reduce(g, x.view(), x.view());
+    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("within one server") != std::string::npos, "{}",
+               s.to_string());
+    RANK_OK(fgtest::gather_bytes(g, 400));  // nothing was posted
+    return "";
+  }, opt));
+}
