@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "pattern.hpp"
+#include "sums.hpp"
 
 namespace fastgather::bench {
 namespace {
@@ -40,13 +41,7 @@ class AllGatherCase : public Case {
     stats_out_ = s.shares ? &stats_ : nullptr;
     options_.stats = stats_out_;
     op = form == Form::kContiguous ? "all_gather" : "all_gather_list";
-    switch (options.schedule) {
-      case Schedule::kAuto: impl = "fastgather"; break;
-      case Schedule::kOneShot: impl = "one-shot"; break;
-      case Schedule::kRing: impl = "ring"; break;
-      case Schedule::kDirect: impl = "direct"; break;
-      case Schedule::kHierarchical: impl = "hierarchical"; break;
-    }
+    impl = options.schedule == Schedule::kAuto ? "fastgather" : to_string(options.schedule);
     if (form == Form::kStagedList) impl = "staged";
     m = s.m;
     dtype = s.dtype;
@@ -113,13 +108,6 @@ class AllGatherCase : public Case {
   AllGatherOptions options_;
   std::vector<Buffers> sets_;
 };
-
-// Values k/8 for k in -8..7: exact in fp16 and bf16, and every dot product
-// over hidden <= 2^12 terms is exact in fp32, so the expected output is
-// known bit for bit whatever order the GEMM sums in.
-float exact_value(int rank, uint64_t it, size_t index) {
-  return static_cast<float>(static_cast<int>(pattern::word(rank, it, index) & 15u) - 8) * 0.125f;
-}
 
 void store(DType d, const float* src, void* dst, size_t count) {
   const int64_t n = static_cast<int64_t>(count);

@@ -20,7 +20,7 @@ class Case {
   // Local compute the op cannot avoid (the fused op's GEMM), for the limit model.
   virtual double compute_floor_us() { return 0; }
 
-  std::string op;    // all_gather, all_gather_list, all_gather_matmul
+  std::string op;    // all_gather, all_gather_list, all_gather_matmul, all_reduce, reduce_scatter
   std::string impl;  // fastgather, ring, staged, unfused, mpi
   int64_t m = 0;
   DType dtype = DType::kF32;
@@ -75,5 +75,11 @@ std::unique_ptr<Case> make_staged_all_gather_list(Group& g, const CaseShape& s);
 std::unique_ptr<Case> make_all_gather_matmul(Group& g, const CaseShape& s);
 // all_gather into gather_out, then one GEMM over the gathered matrix.
 std::unique_ptr<Case> make_unfused_all_gather_matmul(Group& g, const CaseShape& s);
+
+// Sums (reduce_cases.cpp): input m x hidden elements per rank; all_reduce's
+// output as large, reduce_scatter's a group.size()-th of it (m x hidden must
+// divide by the group size). Inputs from the heap when s.symmetric.
+std::unique_ptr<Case> make_all_reduce(Group& g, const CaseShape& s);
+std::unique_ptr<Case> make_reduce_scatter(Group& g, const CaseShape& s);
 
 }  // namespace fastgather::bench

@@ -279,6 +279,13 @@ double all_gather_limit_us(const Limits& l, size_t bytes, int ranks, int remote_
   return std::max(shm, wire);
 }
 
+double reduction_limit_us(const Limits& l, size_t bytes, int ranks, bool all_reduce) {
+  const size_t chunk = bytes / static_cast<size_t>(std::max(ranks, 1));
+  const double peers = (ranks - 1) * copy_us(l.peer, chunk);
+  const double scatter = l.rtt_ns / 2e3 + peers + copy_us(l.local, chunk);
+  return all_reduce ? scatter + l.rtt_ns / 2e3 + peers : scatter;
+}
+
 std::string format_limits(const Limits& l) {
   std::string s = fmt::format("### Machine limits (CPU {} <-> CPU {})\n\ncache-line round trip: {:.0f} ns\n\n", l.cpu_a,
                               l.cpu_b, l.rtt_ns);

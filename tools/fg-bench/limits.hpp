@@ -61,6 +61,14 @@ double copy_us(const std::vector<CopyPoint>& points, size_t bytes);
 // the other remote blocks at the wire's measured bandwidth.
 double all_gather_limit_us(const Limits& l, size_t bytes_per_rank, int ranks, int remote_blocks = 0);
 
+// A sum over `ranks` members of one server, each with `bytes` of input:
+// each member reads its 1/n chunk of every peer's input (written by another
+// CPU) and its own, and writes the sum of it; an all-reduce then reads every
+// peer's summed chunk once more. limit = rtt/2 + (n-1) t_peer(S/n) + t_local(S/n),
+// plus rtt/2 + (n-1) t_peer(S/n) for an all-reduce: one CPU's copies, as if
+// the others did not share its memory bandwidth (optimistic).
+double reduction_limit_us(const Limits& l, size_t bytes_per_rank, int ranks, bool all_reduce);
+
 std::string format_limits(const Limits& l);
 
 }  // namespace fastgather::bench

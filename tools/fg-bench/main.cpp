@@ -167,6 +167,30 @@ std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Opti
       cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
       if (o.compare) cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
     }
+    for (const bool scatter : {false, true}) {
+      const char* op = scatter ? "reduce_scatter" : "all_reduce";
+      if (!wants(op)) continue;
+      if (scatter && (m * o.hidden) % g.size() != 0) {
+        if (lead) std::fprintf(stderr, "fg-bench: %s of m x hidden = %lld elements does not divide by %d ranks; skipped\n", op,
+                               static_cast<long long>(m * o.hidden), g.size());
+        continue;
+      }
+      auto make = [&g, scatter](const CaseShape& shape) { return scatter ? make_reduce_scatter(g, shape) : make_all_reduce(g, shape); };
+      std::vector<CaseFactory>& cases = *next_group();
+      cases.push_back([make, s] { return make(s); });
+      if (o.compare && symmetric) {
+        cases.push_back([make, s] {
+          CaseShape p = s;
+          p.symmetric = false;
+          auto c = make(p);
+          c->impl = "private";
+          return c;
+        });
+      }
+      if (use_mpi && (s.dtype == DType::kF32 || s.dtype == DType::kF64)) {
+        cases.push_back([s, scatter] { return scatter ? mpi::make_reduce_scatter(s) : mpi::make_all_reduce(s); });
+      }
+    }
   }
   return groups;
 }
@@ -224,14 +248,22 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
   }
   if (!agm.empty()) out += format_table(fmt::format("AllGather+MatMul ({}, hidden {}, n={})", o.mm_dtype, o.hidden, o.n), agm) + "\n";
   if (!ag.empty() && !agm.empty()) out += format_verdicts(verdicts(ag, agm)) + "\n";
+  if (const auto ar = select("all_reduce"); !ar.empty()) {
+    out += format_table(fmt::format("AllReduce, sum ({}, hidden {}; per-rank data: each rank's input)", o.dtype, o.hidden), ar) + "\n";
+  }
+  if (const auto rs = select("reduce_scatter"); !rs.empty()) {
+    out += format_table(fmt::format("ReduceScatter, sum ({}, hidden {}; per-rank data: each rank's input)", o.dtype, o.hidden), rs) +
+           "\n";
+  }
   if (o.compare || limits != nullptr) {
-    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul"}) {
+    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter"}) {
       if (std::string t = format_compare(op, rows); !t.empty()) out += t + "\n";
     }
   }
   if (std::string t = format_phases(rows); !t.empty()) out += t + "\n";
   out += "Latency per iteration is the slowest rank's. Effective bandwidth = per-rank bytes / avg latency (the original "
-         "script's definition); algbw = total gathered bytes / avg latency; busbw = algbw x (n-1)/n (nccl-tests). "
+         "script's definition); algbw = total gathered bytes / avg latency; busbw = algbw x (n-1)/n (nccl-tests; for sums as nccl-tests: algbw = "
+         "per-rank input / avg latency, busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter). "
          "limit: docs/benchmarks.md.\n";
   return out;
 }
@@ -312,8 +344,10 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
       if (!r.ok()) return r.status();
       Row row = r.value();
       if (with_limits && lead) {
-        row.limit_us = all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g)) +
-                       cs[i]->compute_floor_us();
+        const bool sums = row.op == "all_reduce" || row.op == "reduce_scatter";
+        row.limit_us = sums ? reduction_limit_us(limits, row.bytes_per_rank, row.group_size, row.op == "all_reduce")
+                            : all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g)) +
+                                  cs[i]->compute_floor_us();
         row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
       }
       rows.push_back(std::move(row));
@@ -398,7 +432,7 @@ int main(int argc, char** argv) {
   app.add_option("--mm-dtype", o.mm_dtype, "AllGather+MatMul dtype (fp16, bf16, fp32)");
   app.add_option("--n", o.n, "AllGather+MatMul output columns")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--ops", o.ops, "ops to run")->delimiter(',')->check(
-      CLI::IsMember({"all_gather", "all_gather_list", "all_gather_matmul"}));
+      CLI::IsMember({"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter"}));
   app.add_option("--iters", o.run.iters, "iterations per size (default: from --time-ms)")->check(CLI::Range(1, 10'000'000));
   const CLI::Validator positive_ms(
       [](std::string& v) -> std::string {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "pattern.hpp"
+#include "sums.hpp"
 
 #if FG_HAVE_MPI
 #include <mpi.h>
@@ -20,10 +21,11 @@ namespace {
 MPI_Comm g_group = MPI_COMM_NULL;
 int g_world_rank = 0;
 
-class MpiAllGatherCase : public Case {
- public:
-  explicit MpiAllGatherCase(const CaseShape& s) {
-    op = "all_gather";
+// A case on this rank's group communicator, which knows its members' world ranks.
+class MpiCase : public Case {
+ protected:
+  MpiCase(const char* name, const CaseShape& s) {
+    op = name;
     impl = "mpi";
     m = s.m;
     dtype = s.dtype;
@@ -31,6 +33,14 @@ class MpiAllGatherCase : public Case {
     MPI_Comm_rank(g_group, &rank_);
     members_.resize(static_cast<size_t>(size_));
     MPI_Allgather(&g_world_rank, 1, MPI_INT, members_.data(), 1, MPI_INT, g_group);
+  }
+  int size_ = 0, rank_ = 0;
+  std::vector<int> members_;
+};
+
+class MpiAllGatherCase : public MpiCase {
+ public:
+  explicit MpiAllGatherCase(const CaseShape& s) : MpiCase("all_gather", s) {
     for (int v = 0; v < std::max(s.variants, 1); ++v) {
       ins_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
       outs_.push_back(Tensor::empty(s.dtype, {s.m * size_, s.hidden}));
@@ -59,10 +69,48 @@ class MpiAllGatherCase : public Case {
   }
 
  private:
-  int size_ = 0, rank_ = 0;
-  std::vector<int> members_;
   std::vector<Tensor> ins_, outs_;
 };
+class MpiReduceCase : public MpiCase {
+ public:
+  MpiReduceCase(const CaseShape& s, MPI_Datatype type, bool scatter)
+      : MpiCase(scatter ? "reduce_scatter" : "all_reduce", s), type_(type), scatter_(scatter) {
+    count_ = static_cast<size_t>(s.m * s.hidden);
+    out_count_ = scatter ? count_ / static_cast<size_t>(size_) : count_;
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      ins_.push_back(Tensor::empty(s.dtype, {static_cast<int64_t>(count_)}));
+      outs_.push_back(Tensor::empty(s.dtype, {static_cast<int64_t>(out_count_)}));
+    }
+    bytes_per_rank = ins_.front().nbytes();
+    for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
+  }
+  Status run(uint64_t it) override {
+    const size_t v = it % ins_.size();
+    const int count = static_cast<int>(out_count_);  // sizes here stay below 2^31 elements
+    const int rc = scatter_ ? MPI_Reduce_scatter_block(ins_[v].data(), outs_[v].data(), count, type_, MPI_SUM, g_group)
+                            : MPI_Allreduce(ins_[v].data(), outs_[v].data(), count, type_, MPI_SUM, g_group);
+    if (rc != MPI_SUCCESS) return {ErrorKind::kSystem, fmt::format("MPI {} returned {}", op, rc)};
+    return Status::Ok();
+  }
+  void prepare(uint64_t it) override { fill_exact(dtype, ins_[it % ins_.size()].data(), count_, g_world_rank, it); }
+  std::string verify(uint64_t it) override {
+    const size_t first = scatter_ ? static_cast<size_t>(rank_) * out_count_ : 0;
+    return check_exact_sums(dtype, outs_[it % outs_.size()].data(), first, out_count_, members_, it, op + "/" + impl);
+  }
+
+ private:
+  MPI_Datatype type_;
+  bool scatter_;
+  size_t count_ = 0, out_count_ = 0;
+  std::vector<Tensor> ins_, outs_;
+};
+
+std::unique_ptr<Case> make_reduce(const CaseShape& s, bool scatter) {
+  if (s.dtype == DType::kF32) return std::make_unique<MpiReduceCase>(s, MPI_FLOAT, scatter);
+  if (s.dtype == DType::kF64) return std::make_unique<MpiReduceCase>(s, MPI_DOUBLE, scatter);
+  return nullptr;
+}
+
 }  // namespace
 
 bool built() { return true; }
@@ -91,6 +139,8 @@ void finalize() {
 }
 
 std::unique_ptr<Case> make_all_gather(const CaseShape& s, int) { return std::make_unique<MpiAllGatherCase>(s); }
+std::unique_ptr<Case> make_all_reduce(const CaseShape& s) { return make_reduce(s, false); }
+std::unique_ptr<Case> make_reduce_scatter(const CaseShape& s) { return make_reduce(s, true); }
 
 #else
 
@@ -99,6 +149,8 @@ std::string library_version() { return "none"; }
 Status init(int) { return {ErrorKind::kUnsupported, "fg-bench was built without MPI (apt-get install libopenmpi-dev)"}; }
 void finalize() {}
 std::unique_ptr<Case> make_all_gather(const CaseShape&, int) { return nullptr; }
+std::unique_ptr<Case> make_all_reduce(const CaseShape&) { return nullptr; }
+std::unique_ptr<Case> make_reduce_scatter(const CaseShape&) { return nullptr; }
 
 #endif
 

@@ -18,5 +18,9 @@ Status init(int tp);
 void finalize();
 // MPI_Allgather of the same bytes on this rank's group communicator.
 std::unique_ptr<Case> make_all_gather(const CaseShape& s, int group_rank_of_world0);
+// MPI_Allreduce and MPI_Reduce_scatter_block (MPI_SUM) of the same elements,
+// for the dtypes MPI has (fp32, fp64; it has no fp16 or bf16): null otherwise.
+std::unique_ptr<Case> make_all_reduce(const CaseShape& s);
+std::unique_ptr<Case> make_reduce_scatter(const CaseShape& s);
 
 }  // namespace fastgather::bench::mpi

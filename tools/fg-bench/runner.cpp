@@ -124,8 +124,16 @@ Result<Row> Runner::finish(Measuring& p) {
   row.trial_median_max = *std::max_element(p.trial_medians.begin(), p.trial_medians.end());
   row.skew_us = summarize(p.skews).avg;
   row.effective_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
-  row.algbw_gbs = algbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
-  row.busbw_gbs = busbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
+  if (row.op == "all_reduce" || row.op == "reduce_scatter") {
+    // As nccl-tests counts sums: the per-rank input over the time, and the
+    // bytes each rank must move of it.
+    const double n = row.group_size;
+    row.algbw_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
+    row.busbw_gbs = row.algbw_gbs * (row.op == "all_reduce" ? 2 : 1) * (n - 1) / n;
+  } else {
+    row.algbw_gbs = algbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
+    row.busbw_gbs = busbw_gbs(static_cast<double>(row.bytes_per_rank), row.group_size, row.lat.avg);
+  }
 
   // Phases: per call, the slowest rank's average. Every rank takes part.
   std::vector<double> phase_values;
