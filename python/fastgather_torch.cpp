@@ -51,7 +51,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kOnlyThese =
     "fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced, "
-    "all_gather_into_tensor_coalesced, broadcast and barrier; keep gloo for other ops "
+    "all_gather_into_tensor_coalesced, all_reduce, reduce_scatter and reduce_scatter_tensor (sums, within one "
+    "server), broadcast and barrier; keep gloo for other ops "
     "(init_process_group(\"gloo\", ...), or backend=\"cpu:gloo\") and create the groups that gather with "
     "new_group(ranks, backend=\"fastgather\")";
 
@@ -352,12 +353,64 @@ class ProcessGroupFastgather : public c10d::Backend {
     return submit(work);
   }
 
+  // Sums within one server (fg::all_reduce, fg::reduce_scatter): every
+  // element summed in group-rank order, the same bits on every rank.
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: all_reduce takes one tensor, got ", tensors.size());
+    at::Tensor& t = tensors[0];
+    check_sum("all_reduce", t, "the tensor", opts.reduceOp);
+    auto work = make_work(c10d::OpType::ALLREDUCE, tensors);
+    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+    if (!buf.is_same(t)) chain_copy(*work, t, buf);
+    work->keep.push_back(buf);
+    start(*work, [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf)); });
+    return submit(work);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    constexpr const char* kOp = "reduce_scatter_tensor";
+    check_sum(kOp, input, "the input", opts.reduceOp);
+    check_sum(kOp, output, "the output", opts.reduceOp);
+    TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "fastgather: ", kOp, ": the output is ",
+                     output.scalar_type(), ", the input ", input.scalar_type());
+    TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "fastgather: ", kOp, ": the input is ",
+                      input.scalar_type(), input.sizes(), "; ", size_, " ranks x output ", output.scalar_type(),
+                      output.sizes(), " need ", output.numel() * size_, " elements");
+    auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+    add_reduce_scatter(*work, output, input.contiguous());
+    return submit(work);
+  }
+
+  // outputs[0] = the sum over ranks of their inputs[0][group rank].
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    constexpr const char* kOp = "reduce_scatter";
+    TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "fastgather: ", kOp,
+                      " takes one output and one input list, got ", outputs.size(), " and ", inputs.size());
+    at::Tensor& output = outputs[0];
+    check_sum(kOp, output, "the output", opts.reduceOp);
+    TORCH_CHECK_VALUE(static_cast<int>(inputs[0].size()) == size_, "fastgather: ", kOp, " needs ", size_,
+                      " input tensors (one per rank of the group), got ", inputs[0].size());
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& in : inputs[0]) {
+      check_sum(kOp, in, "an input", opts.reduceOp);
+      TORCH_CHECK_VALUE(in.scalar_type() == output.scalar_type() && in.numel() == output.numel(), "fastgather: ", kOp,
+                        ": an input is ", in.scalar_type(), in.sizes(), ", the output ", output.scalar_type(),
+                        output.sizes());
+      flat.push_back(in.reshape({-1}));
+    }
+    auto work = make_work(c10d::OpType::REDUCE_SCATTER, outputs);
+    add_reduce_scatter(*work, output, at::cat(flat));
+    return submit(work);
+  }
+
 #define FG_UNSUPPORTED(op, name, ...)                                                                  \
   c10::intrusive_ptr<c10d::Work> op(__VA_ARGS__) override {                                            \
     C10_THROW_ERROR(NotImplementedError,                                                               \
                     std::string("fastgather: ") + name + " is not supported by this backend. " + kOnlyThese); \
   }
-  FG_UNSUPPORTED(allreduce, "allreduce", std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
   FG_UNSUPPORTED(allreduce_sparse, "allreduce_sparse", std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
   FG_UNSUPPORTED(allreduce_coalesced, "allreduce_coalesced", std::vector<at::Tensor>&,
                  const c10d::AllreduceCoalescedOptions&)
@@ -366,10 +419,6 @@ class ProcessGroupFastgather : public c10d::Backend {
                  const c10d::GatherOptions&)
   FG_UNSUPPORTED(scatter, "scatter", std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&,
                  const c10d::ScatterOptions&)
-  FG_UNSUPPORTED(reduce_scatter, "reduce_scatter", std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&,
-                 const c10d::ReduceScatterOptions&)
-  FG_UNSUPPORTED(_reduce_scatter_base, "reduce_scatter_tensor", at::Tensor&, at::Tensor&,
-                 const c10d::ReduceScatterOptions&)
   FG_UNSUPPORTED(reduce_scatter_tensor_coalesced, "reduce_scatter_tensor_coalesced", std::vector<at::Tensor>&,
                  std::vector<at::Tensor>&, const c10d::ReduceScatterOptions&)
   FG_UNSUPPORTED(alltoall_base, "all_to_all_single", at::Tensor&, at::Tensor&, std::vector<int64_t>&,
@@ -515,6 +564,27 @@ class ProcessGroupFastgather : public c10d::Backend {
       views.push_back(view_of(buf));
     }
     start(work, [&](fg::Group& g) { return fg::start_all_gather(g, view_of(in), std::span<const fg::TensorView>(views)); });
+  }
+
+  // A tensor a sum may take: on the CPU, a dtype the library sums, SUM.
+  static void check_sum(const char* op, const at::Tensor& t, const char* what, const c10d::ReduceOp& reduce_op) {
+    check_tensor(t, op, what);
+    TORCH_CHECK_VALUE(reduce_op == c10d::ReduceOp::SUM, "fastgather: ", op, " sums (ReduceOp.SUM); other reductions: ",
+                      kOnlyThese);
+    const auto st = t.scalar_type();
+    TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble || st == at::kInt ||
+                         st == at::kLong || st == at::kComplexFloat || st == at::kComplexDouble,
+                     "fastgather: ", op, ": ", what, " is ", st,
+                     "; sums take float32, float16, bfloat16, float64, int32, int64 and complex");
+  }
+
+  // input: contiguous, group.size() chunks of output's size.
+  void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input) {
+    at::Tensor out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+    if (!out.is_same(output)) chain_copy(work, output, out);
+    work.keep.push_back(input);
+    work.keep.push_back(out);
+    start(work, [&](fg::Group& g) { return fg::start_reduce_scatter(g, view_of(input), view_of(out)); });
   }
 
   static void chain_copy(FastgatherWork& work, at::Tensor user, at::Tensor buf) {

@@ -111,6 +111,75 @@ def ops(rank, world, tp, dp):
         print(f"compared with gloo byte for byte: {sorted(str(d) for d in gloo_compared)}", file=sys.stderr)
 
 
+SUM_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.complex64]
+
+
+def summed(tensors, dtype):
+    """The sum the backend gives: in group-rank order, half and bfloat16 in float32 rounded once."""
+    wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc = tensors[0].to(wide).clone()
+    for t in tensors[1:]:
+        acc += t.to(wide)
+    return acc.to(dtype)
+
+
+def sums(rank, world, tp, dp):
+    fg, ranks = groups(world, tp, dp, "fastgather")
+    gl, _ = groups(world, tp, dp, "gloo")
+    n = len(ranks)
+    me = ranks.index(rank)
+    for dtype in SUM_DTYPES:
+        for shape in [(0,), (1,), (7,), (33, 5), (8, 3072), (300, 1001)]:
+            def data(r, salt):
+                if dtype.is_complex:
+                    return torch.complex(pattern(r, torch.float32, shape, salt), pattern(r, torch.float32, shape, salt + 1))
+                return pattern(r, dtype, shape, salt)
+            x = data(rank, 1)
+            want = summed([data(r, 1) for r in ranks], dtype)
+            y = x.clone()
+            work = dist.all_reduce(y, group=fg, async_op=True)
+            check(work.wait(), "wait() should return True")
+            check(same_bytes(y, want), f"all_reduce {dtype} {shape}")
+            if dtype in (torch.int32, torch.int64) and x.numel() > 0:
+                ref = x.clone()
+                dist.all_reduce(ref, group=gl)
+                check(same_bytes(y, ref), f"all_reduce {dtype} {shape}: differs from gloo")
+            # reduce_scatter_tensor: chunk `me` of everyone's input.
+            big = (n * shape[0],) + tuple(shape[1:])
+            inputs = {r: torch.cat([data(r, 10 + j) for j in range(n)]) for r in ranks}
+            out = torch.empty(shape, dtype=dtype)
+            dist.reduce_scatter_tensor(out, inputs[rank], group=fg)
+            check(same_bytes(out, summed([data(r, 10 + me) for r in ranks], dtype)), f"reduce_scatter_tensor {dtype} {shape}")
+            check(inputs[rank].shape == big, "shape")
+            # The list form.
+            out2 = torch.empty(shape, dtype=dtype)
+            dist.reduce_scatter(out2, [data(rank, 10 + j) for j in range(n)], group=fg)
+            check(same_bytes(out2, out), f"reduce_scatter (list) {dtype} {shape}")
+    # Random values: within rounding of the float64 sum, and the same bits on every rank.
+    g = torch.Generator().manual_seed(7 + rank)
+    x = torch.randn(100003, generator=g)
+    ref = sum(torch.randn(100003, generator=torch.Generator().manual_seed(7 + r)).double() for r in ranks)
+    y = x.clone()
+    dist.all_reduce(y, group=fg)
+    check(torch.allclose(y.double(), ref, rtol=0, atol=1e-5), f"all_reduce off the float64 sum by {(y.double() - ref).abs().max()}")
+    everyone = [torch.empty_like(y) for _ in range(n)]
+    dist.all_gather(everyone, y, group=fg)
+    check(all(same_bytes(e, y) for e in everyone), "all_reduce gave different bits on different ranks")
+    # Non-contiguous, in place.
+    base = pattern(rank, torch.float32, (6, 10)).t()
+    dist.all_reduce(base, group=fg)
+    check(same_bytes(base.contiguous(), summed([pattern(r, torch.float32, (6, 10)).t() for r in ranks], torch.float32).contiguous()),
+          "non-contiguous all_reduce")
+    # What it does not serve says so, and the group goes on.
+    raises("all_reduce MAX", ValueError, lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX, group=fg))
+    raises("all_reduce of uint8", TypeError, lambda: dist.all_reduce(torch.ones(3, dtype=torch.uint8), group=fg))
+    raises("reduce_scatter_tensor of the wrong size", ValueError,
+           lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.empty(3 * n + 1), group=fg))
+    z = torch.full((5,), float(rank + 1))
+    dist.all_reduce(z, group=fg)
+    check(z[0].item() == sum(r + 1 for r in ranks), f"after the refusals: {z}")
+
+
 def errors(rank, world):
     fg = dist.new_group(list(range(world)), backend="fastgather", timeout=datetime.timedelta(seconds=20))
     # Mismatched shapes: every rank raises, naming the ranks and sizes.
@@ -136,8 +205,8 @@ def errors(rank, world):
     dist.all_gather(outs, x, group=fg)
     check([o[0].item() for o in outs] == [float(r) for r in range(world)], "group unusable after a mismatch")
     # Every other op names itself and the way out.
-    for name, call in [("allreduce", lambda: dist.all_reduce(torch.zeros(2), group=fg)),
-                       ("reduce_scatter", lambda: dist.reduce_scatter(torch.zeros(2), [torch.zeros(2)] * world, group=fg)),
+    for name, call in [("reduce", lambda: dist.reduce(torch.zeros(2), dst=0, group=fg)),
+                       ("all_to_all", lambda: dist.all_to_all([torch.zeros(2)] * world, [torch.zeros(2)] * world, group=fg)),
                        ("send", lambda: dist.send(torch.zeros(2), dst=(rank + 1) % world, group=fg))]:
         try:
             call()
