@@ -546,8 +546,10 @@ class ProcessGroupFastgather : public c10d::Backend {
       check_tensor(o, op, "an output");
       TORCH_CHECK_TYPE(o.scalar_type() == input.scalar_type(), "fastgather: ", op, " output ", i, " is ",
                        o.scalar_type(), ", the input ", input.scalar_type());
-      TORCH_CHECK_VALUE(o.numel() == input.numel(), "fastgather: ", op, " output ", i, " is ", o.scalar_type(),
-                        o.sizes(), ", the input is ", input.scalar_type(), input.sizes());
+      // Outputs may differ in size (an uneven all-gather); this rank's is the input's.
+      TORCH_CHECK_VALUE(static_cast<int>(i) != rank_ || o.numel() == input.numel(), "fastgather: ", op, " output ", i,
+                        " (this rank's) is ", o.scalar_type(), o.sizes(), ", the input is ", input.scalar_type(),
+                        input.sizes());
     }
   }
 

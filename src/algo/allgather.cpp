@@ -18,6 +18,7 @@ namespace fastgather::algo {
 const char* op_name(OpCode op) {
   switch (op) {
     case OpCode::kAllGather: return "all_gather";
+    case OpCode::kAllGatherV: return "all_gather_v";
     case OpCode::kAllGatherMatmul: return "all_gather_matmul";
     case OpCode::kBarrier: return "barrier";
     case OpCode::kBroadcast: return "broadcast";
@@ -117,12 +118,15 @@ engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink)
   const int n = ch.members();
   const int me = ch.me();
   Offer offer{};
-  const std::optional<uint64_t> at_heap = ch.heap() != nullptr ? ch.heap()->own_offset(call.input, call.bytes) : std::nullopt;
+  const size_t mine = call.block(me);
+  const std::optional<uint64_t> at_heap = ch.heap() != nullptr ? ch.heap()->own_offset(call.input, mine) : std::nullopt;
   offer.addr = at_heap ? *at_heap : reinterpret_cast<uint64_t>(call.input);
   offer.in_heap = at_heap ? 1 : 0;
-  offer.readable = at_heap || call.settings->single_copy == Settings::SingleCopy::kAlways || base::in_huge_range(call.input, call.bytes) ? 1 : 0;
+  offer.readable = at_heap || call.settings->single_copy == Settings::SingleCopy::kAlways || base::in_huge_range(call.input, mine) ? 1 : 0;
   bool all_readable = offer.readable != 0;
-  auto own = [&] { sink(me, 0, call.input, call.bytes); };
+  auto own = [&] {
+    if (mine != 0) sink(me, 0, call.input, mine);
+  };
   auto note_offer = [&](int, const transport::PostHeader&, const std::byte* src) {
     Offer theirs{};
     std::memcpy(&theirs, src, sizeof(theirs));
@@ -147,8 +151,8 @@ engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink)
     // keeps larger pieces, where each system call costs more than the cache
     // saves (docs/benchmarks.md, "Pipelining the ring").
     const size_t piece = theirs.in_heap != 0 ? st.plan.piece : st.plan.read_piece;
-    for (size_t off = 0; off < call.bytes; off += piece) {
-      const size_t len = std::min(piece, call.bytes - off);
+    for (size_t off = 0; off < call.block(peer); off += piece) {
+      const size_t len = std::min(piece, call.block(peer) - off);
       if (theirs.in_heap != 0) {
         copy_out(dst + off, ch.heap()->member_data(peer, theirs.addr + off), len, call.stream_out);
       } else if (Status r = ch.read_peer(peer, dst + off, theirs.addr + off, len); !r.ok()) {
@@ -170,7 +174,7 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, const Ca
   // In a broadcast, members other than the root contribute nothing.
   const bool contributes = call.root < 0 || call.root == me;
   if (n == 1) {  // nobody to tell: the own block is all there is
-    if (call.bytes != 0 && contributes) sink(me, 0, call.input, call.bytes);
+    if (call.block(me) != 0 && contributes) sink(me, 0, call.input, call.block(me));
     co_return Status::Ok();
   }
   const auto started = std::chrono::steady_clock::now();
@@ -190,33 +194,40 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, const Ca
   if (call.stats != nullptr) call.stats->streamed_in = how == CopyIn::kStreaming;
   const size_t piece = plan.piece;
 
-  // Sends `from` (call.bytes of it) in pieces, one lockstep step each, and
-  // hands what arrives to take(peer, offset, src, len). The own block goes
-  // to the sink on the call's first step, or with own_each_step a piece at
-  // each step, just after it was copied into the ring: still in this core's cache.
-  using TakePiece = FunctionRef<void(int peer, size_t offset, const std::byte* src, size_t len)>;
-  auto send_in_steps = [&](const std::byte* from, bool own_each_step, TakePiece take) -> engine::Task<Status> {
+  // Sends `from` (from_bytes of it) in pieces, one lockstep step each, for
+  // as many steps as the largest block takes, and hands what arrives to
+  // take(peer, offset, src). The own block goes to the sink on the call's
+  // first step, or with own_each_step a piece at each step, just after it
+  // was copied into the ring: still in this core's cache.
+  using TakePiece = FunctionRef<void(int peer, size_t offset, const std::byte* src)>;
+  const size_t mine = contributes ? call.block(me) : 0;
+  auto send_in_steps = [&](const std::byte* from, size_t from_bytes, bool own_each_step, TakePiece take) -> engine::Task<Status> {
     for (size_t off = 0; st.first || off < call.bytes;) {  // at least one step, even for 0 bytes
-      const size_t len = std::min(piece, call.bytes - off);
+      const size_t len = off < from_bytes ? std::min(piece, from_bytes - off) : 0;
       const bool own_now = st.first;
       auto posted = [&] {
         if (own_each_step) {
-          if (len != 0 && contributes) sink(me, off, call.input + off, len);
-        } else if (own_now && call.bytes != 0 && contributes) {
-          sink(me, 0, call.input, call.bytes);
+          if (off < mine) sink(me, off, call.input + off, std::min(piece, mine - off));
+        } else if (own_now && mine != 0) {
+          sink(me, 0, call.input, mine);
         }
       };
       auto take_step = [&](int peer, const transport::PostHeader&, const std::byte* src) {
-        if (len != 0 && (call.root < 0 || peer == call.root)) take(peer, off, src, len);
+        if (call.root < 0 || peer == call.root) take(peer, off, src);
       };
-      const Step step{.inline_data = protocol == Protocol::kInline, .data = from + off, .len = contributes ? len : 0,
+      const Step step{.inline_data = protocol == Protocol::kInline, .data = from + off, .len = len,
                       .how = how, .may_be_in_place = true};
       Status s = co_await lockstep(st, step, posted, take_step);
       if (!s.ok()) co_return s;
       if (!st.mismatch.empty()) co_return st.mismatch_status();
-      off += len;
+      off += std::min(piece, call.bytes - off);
     }
     co_return Status::Ok();
+  };
+  // The bytes of `member`'s block in the step at `off`.
+  auto piece_of = [&](int member, size_t off) {
+    const size_t b = call.block(member);
+    return off < b ? std::min(piece, b - off) : size_t{0};
   };
 
   if (plan.schedule == Schedule::kRing) {
@@ -227,17 +238,19 @@ engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, const Ca
     for (int round = 0; round < n - 1; ++round) {
       const int send = (me - round + n) % n, recv = (me - round - 1 + n) % n;
       const std::byte* from = round == 0 ? call.input : (*call.landing)(send);
-      auto take = [&](int peer, size_t off, const std::byte* src, size_t len) {
-        if (peer == prev) sink(recv, off, src, len);
+      auto take = [&](int peer, size_t off, const std::byte* src) {
+        if (const size_t len = piece_of(recv, off); peer == prev && len != 0) sink(recv, off, src, len);
       };
-      Status s = co_await send_in_steps(from, false, take);
+      Status s = co_await send_in_steps(from, call.block(send), false, take);
       if (!s.ok()) co_return s;
     }
   } else {
     // One-shot: every member's piece goes to every peer in the same step;
     // after single copy fell back, the own block is placed already.
-    auto take = [&](int peer, size_t off, const std::byte* src, size_t len) { sink(peer, off, src, len); };
-    Status s = co_await send_in_steps(call.input, st.first, take);
+    auto take = [&](int peer, size_t off, const std::byte* src) {
+      if (const size_t len = piece_of(peer, off); len != 0) sink(peer, off, src, len);
+    };
+    Status s = co_await send_in_steps(call.input, mine, st.first, take);
     if (!s.ok()) co_return s;
   }
   if (st.in_place) {

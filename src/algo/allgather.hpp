@@ -21,6 +21,7 @@ namespace fastgather::algo {
 
 enum class OpCode : uint32_t {
   kAllGather = 1,
+  kAllGatherV = 7,
   kAllGatherMatmul = 2,
   kBarrier = 3,
   kBroadcast = 4,
@@ -52,7 +53,12 @@ struct GatherCall {
   uint64_t aux = 0;             // compared across members (k for the fused op)
   const char* aux_name = "aux";
   const std::byte* input = nullptr;
-  size_t bytes = 0;             // per member
+  size_t bytes = 0;             // per member (uneven blocks: the largest)
+  // Uneven blocks (all_gather_v): member m's block is sizes[m] bytes, and
+  // aux names the list (members must agree on it). Null: every block is
+  // `bytes`. One server only.
+  const size_t* sizes = nullptr;
+  size_t block(int member) const { return sizes != nullptr ? sizes[static_cast<size_t>(member)] : bytes; }
   size_t align = 1;             // every piece is a multiple of this (a row)
   Schedule schedule = Schedule::kAuto;  // as asked (plan_call decides what runs)
   // Where member m's block ends up (the sink puts it there). The ring reads

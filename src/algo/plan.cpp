@@ -146,6 +146,7 @@ CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
       return refuse("the ring schedule runs within one server; a group across servers runs direct or hierarchical");
     }
     if (call.bytes != 0 && call.landing == nullptr) return refuse("this op keeps no copy of the gathered blocks");
+    if (call.sizes != nullptr) return refuse("an all-gather of uneven blocks runs within one server");
     p.schedule = choose_schedule(topo, call.bytes, call.schedule, settings.hier_min_bytes);
     p.net_piece = net_piece_bytes(call.bytes, call.align, settings.net_piece_bytes);
   } else {
@@ -206,6 +207,7 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h, con
                               how.empty() ? "" : fmt::format("({})", how), h.bytes,
                               h.bytes == 0 && h.dtype == 0 ? "-" : dtype_name(static_cast<DType>(h.dtype)));
   if (call.op == OpCode::kAllGatherMatmul || call.op == OpCode::kBroadcast) s += fmt::format(" with {}={}", call.aux_name, h.aux);
+  if (call.op == OpCode::kAllGatherV) s += fmt::format(" with block sizes #{:016x}", h.aux);
   return s;
 }
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -20,6 +21,30 @@ algo::GatherCall gather_call(const TensorView& input, const AllGatherOptions& op
   call.bytes = input.nbytes();
   call.schedule = options.schedule;
   return call;
+}
+
+// An uneven all-gather: block m of sizes[m] bytes lands at landing(m).
+// The list of sizes is in the header (its hash), so members that disagree
+// on it get a mismatch.
+engine::Task<Status> gather_uneven(Group& group, const TensorView& input, std::vector<size_t> sizes,
+                                   algo::FunctionRef<std::byte*(int)> landing, size_t total, AllGatherOptions options) {
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the sizes
+  for (size_t b : sizes) {
+    for (int i = 0; i < 8; ++i) hash = (hash ^ ((b >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  }
+  algo::GatherCall call = gather_call(input, options);
+  call.op = algo::OpCode::kAllGatherV;
+  call.bytes = *std::max_element(sizes.begin(), sizes.end());
+  call.sizes = sizes.data();
+  call.aux = hash;
+  call.landing = &landing;
+  call.copy_in = &impl_of(group)->copy_in;
+  call.stream_out = algo::streams_out(total, impl_of(group)->settings);
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
+    std::byte* dst = landing(member) + off;
+    if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
+  };
+  co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, options.stats);
 }
 
 // The ops as coroutines; they take references, which the blocking calls'
@@ -70,13 +95,22 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
     const TensorView& o = outputs[i];
     const std::string what = fmt::format("outputs[{}]", i);
     if (Status s = ops::need_data(group, kOp, what.c_str(), o); !s.ok()) co_return s;
-    if (o.dtype != input.dtype || o.nbytes() != bytes) {
-      co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes)", what, o.describe(),
-                                                     o.nbytes(), input.describe(), bytes));
+    const bool own = i == static_cast<size_t>(group.rank());
+    if (o.dtype != input.dtype || (own && o.nbytes() != bytes)) {
+      co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes){}", what, o.describe(),
+                                                     o.nbytes(), input.describe(), bytes, own ? ", and it is this rank's" : ""));
     }
-    if (o.data != input.data && ops::overlaps(o.data, bytes, input.data, bytes)) {
+    if (o.data != input.data && ops::overlaps(o.data, o.nbytes(), input.data, bytes)) {
       co_return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
     }
+  }
+  std::vector<size_t> sizes;
+  for (const TensorView& o : outputs) sizes.push_back(o.nbytes());
+  if (std::any_of(sizes.begin(), sizes.end(), [&](size_t b) { return b != bytes; })) {
+    auto at = [&](int member) -> std::byte* { return static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data); };
+    size_t total = 0;
+    for (size_t b : sizes) total += b;
+    co_return co_await gather_uneven(group, input, std::move(sizes), at, total, options);
   }
   auto landing = [&](int member) -> std::byte* { return static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data); };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
@@ -89,6 +123,52 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
     if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
   };
   co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, options.stats);
+}
+
+engine::Task<Status> all_gather_v_op(Group& group, const TensorView& input, const TensorView& output,
+                                     std::vector<int64_t> counts, AllGatherOptions options) {
+  constexpr const char* kOp = "all_gather_v";
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
+  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
+  if (counts.size() != static_cast<size_t>(group.size())) {
+    co_return ops::invalid(group, kOp, fmt::format("{} counts for {} ranks", counts.size(), group.size()));
+  }
+  if (output.dtype != input.dtype) {
+    co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype), dtype_name(input.dtype)));
+  }
+  const size_t es = dtype_size(input.dtype);
+  std::vector<size_t> sizes, offsets;
+  size_t total = 0;
+  for (size_t m = 0; m < counts.size(); ++m) {
+    // Each count within what the output could hold: no product overflows.
+    if (counts[m] < 0 || static_cast<uint64_t>(counts[m]) > output.nbytes() / std::max<size_t>(es, 1)) {
+      co_return ops::invalid(group, kOp, fmt::format("counts[{}] = {} (the output holds {} elements)", m, counts[m],
+                                                     output.numel()));
+    }
+    offsets.push_back(total);
+    sizes.push_back(static_cast<size_t>(counts[m]) * es);
+    total += sizes.back();
+  }
+  if (total != output.nbytes()) {
+    co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; the counts add up to {}", output.describe(),
+                                                   output.nbytes(), total));
+  }
+  if (input.nbytes() != sizes[static_cast<size_t>(group.rank())]) {
+    co_return ops::invalid(group, kOp, fmt::format("input {} holds {} elements; counts[{}] = {}", input.describe(),
+                                                   input.numel(), group.rank(), counts[static_cast<size_t>(group.rank())]));
+  }
+  auto* out = static_cast<std::byte*>(output.data);
+  const auto* own_slot = out + offsets[static_cast<size_t>(group.rank())];
+  if (input.data != own_slot && ops::overlaps(input.data, input.nbytes(), out, total)) {
+    co_return ops::invalid(group, kOp, "input overlaps output other than as this rank's own block");
+  }
+  auto at = [&](int member) -> std::byte* { return out + offsets[static_cast<size_t>(member)]; };
+  co_return co_await gather_uneven(group, input, std::move(sizes), at, total, options);
+}
+
+engine::Task<Status> owning_all_gather_v(Group& group, TensorView input, TensorView output, std::vector<int64_t> counts,
+                                         AllGatherOptions options) {
+  co_return co_await all_gather_v_op(group, input, output, std::move(counts), options);
 }
 
 // Within a server the root's bytes are written once (into its ring, or read
@@ -164,6 +244,16 @@ Request start_all_gather(Group& group, const TensorView& input, std::span<const 
 Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
                   const AllGatherOptions& options) {
   return RequestAccess::run(group, all_gather_list_op(group, input, outputs, options));
+}
+
+Request start_all_gather_v(Group& group, const TensorView& input, const TensorView& output,
+                           std::span<const int64_t> counts, const AllGatherOptions& options) {
+  return RequestAccess::start(group, owning_all_gather_v(group, input, output, {counts.begin(), counts.end()}, options));
+}
+
+Status all_gather_v(Group& group, const TensorView& input, const TensorView& output, std::span<const int64_t> counts,
+                    const AllGatherOptions& options) {
+  return RequestAccess::run(group, all_gather_v_op(group, input, output, {counts.begin(), counts.end()}, options));
 }
 
 Request start_broadcast(Group& group, const TensorView& data, int root) {

@@ -55,6 +55,8 @@ MUTATIONS=(
   "the sum leaves out the last source|src/ops/sum.cpp|s/for \(int j = 2; j < n; \+\+j\)/for (int j = 2; j < n - 1; ++j)/g|test_reduce|Ranks/ReduceWorlds.EveryDtypeAndSizeOrdinaryMemory/1"
   "bf16 sums are truncated, not rounded|src/ops/sum.cpp|s/\(x \+ 0x7fffu \+ \(\(x >> 16\) & 1u\)\) >> 16/x >> 16/|test_reduce|Ranks/ReduceWorlds.EveryDtypeAndSizeOrdinaryMemory/0"
   "two-shot's shared sums lose their last byte|src/algo/reduce.cpp|s/copy_out\(out \+ chunks\.first\(peer\) \+ off, src, len, false\)/copy_out(out + chunks.first(peer) + off, src, len - 1, false)/|test_reduce|Ranks/ReduceWorlds.AllReduceTwoShotAtEverySize/1"
+  "an uneven gather reads every peer's block as long as its own|src/algo/allgather.cpp|s/const size_t b = call\.block\(member\);/const size_t b = call.block(me);/|test_gather_v|Ranks/UnevenWorlds.EveryBlockEveryByteOrdinaryMemory/1"
+  "members' block sizes are left out of the header|src/ops/collectives.cpp|s/call\.aux = hash;/call.aux = 0;/|test_gather_v|Uneven.MembersThatDisagreeOnTheSizesGetAMismatchAndTheGroupGoesOn"
   "Tensor::allocate calls a bad shape a lack of memory|src/core/tensor.cpp|s/return Status\{ErrorKind::kInvalidArgument, checked\.status\(\)\.message\(\)\};/return Status{ErrorKind::kResourceExhausted, checked.status().message()};/|test_jobs|Environment.TensorAllocateReturnsTheErrorAsAStatus"
 )
 

@@ -180,6 +180,27 @@ def sums(rank, world, tp, dp):
     check(z[0].item() == sum(r + 1 for r in ranks), f"after the refusals: {z}")
 
 
+def uneven(rank, world):
+    """all_gather with tensors of different sizes per rank (some empty), every dtype, and a mismatch."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    for dtype in DTYPES:
+        for scale in (0, 1, 1000, 100000):
+            shapes = [((r * 7 + 3) * scale % 50001, 2) for r in range(world)]
+            x = pattern(rank, dtype, shapes[rank], salt=scale)
+            outs = [torch.empty(s, dtype=dtype) for s in shapes]
+            dist.all_gather(outs, x, group=fg)
+            for r, o in enumerate(outs):
+                check(same_bytes(o, pattern(r, dtype, shapes[r], salt=scale)), f"uneven all_gather {dtype} {shapes}: rank {r}")
+    # Members that disagree on the sizes: every one raises, and the group goes on.
+    sizes = [(4,), (4,)] + [(4,)] * (world - 2) if rank == 0 else [(4,), (6,)] + [(4,)] * (world - 2)
+    x = torch.zeros(sizes[rank])
+    raises("sizes that differ between members", ValueError,
+           lambda: dist.all_gather([torch.empty(s) for s in sizes], x, group=fg))
+    outs = [torch.empty(2) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2,), float(rank)), group=fg)
+    check([o[0].item() for o in outs] == [float(r) for r in range(world)], "after the mismatch")
+
+
 def errors(rank, world):
     fg = dist.new_group(list(range(world)), backend="fastgather", timeout=datetime.timedelta(seconds=20))
     # Mismatched shapes: every rank raises, naming the ranks and sizes.
