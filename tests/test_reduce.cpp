@@ -10,7 +10,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <algorithm>
 #include <optional>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -359,4 +361,121 @@ TEST(Reduce, AcrossServersIsRefusedOnEveryMember) {
     RANK_OK(fgtest::gather_bytes(g, 400));  // nothing was posted
     return "";
   }, opt));
+}
+
+// matmul_reduce_scatter: values k/8 (k in -8..7) make every product and sum
+// exact in fp32 in any order, so the expected output is known bit for bit
+// (rounded once to the dtype); the float64 reference is then the same.
+namespace {
+
+float exact(int rank, int salt, size_t i) {
+  return static_cast<float>(static_cast<int>(mix(static_cast<uint64_t>(rank) * 1000 + static_cast<uint64_t>(salt) * 7 + i * 131) & 15u) - 8) *
+         0.125f;
+}
+
+Tensor exact_tensor(DType dtype, std::vector<int64_t> shape, int rank, int salt) {
+  Tensor t = Tensor::empty(dtype, shape);
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = exact(rank, salt, i);
+  (void)convert(TensorView(v.data(), DType::kF32, {t.numel()}), t.view());
+  return t;
+}
+
+std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  Group& g = (*comm)->world();
+  const int64_t w = g.size();
+  int salt = 0;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (auto [rows_each, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 5, 1}, {7, 300, 100}, {64, 33, 1000}, {3, 0, 16}, {0, 8, 8}, {50, 64, 3072}}) {
+      for (bool with_bias : {false, true}) {
+        ++salt;
+        const int64_t m = rows_each * w;
+        Tensor x1 = exact_tensor(dtype, {m, k}, g.rank(), salt);
+        Tensor x2 = exact_tensor(dtype, {k, n}, g.rank(), salt + 1000);
+        Tensor bias = exact_tensor(dtype, {n}, 99, salt);
+        Tensor out = Tensor::empty(dtype, {rows_each, n});
+        std::optional<TensorView> b;
+        if (with_bias) b = bias.view();
+        CallStats stats;
+        RANK_OK(matmul_reduce_scatter(g, x1.view(), x2.view(), b, out.view(), {.gemm_threads = gemm_threads, .stats = &stats}));
+        // The reference, in float64: every rank's x1 @ x2, rows of this rank's chunk.
+        std::vector<double> want(static_cast<size_t>(rows_each * n), 0.0);
+        for (int r = 0; r < w; ++r) {
+          for (int64_t i = 0; i < rows_each; ++i) {
+            const int64_t row = g.rank() * rows_each + i;
+            for (int64_t j = 0; j < n; ++j) {
+              double acc = 0;
+              for (int64_t q = 0; q < k; ++q) {
+                acc += static_cast<double>(exact(r, salt, static_cast<size_t>(row * k + q))) *
+                       exact(r, salt + 1000, static_cast<size_t>(q * n + j));
+              }
+              want[static_cast<size_t>(i * n + j)] += acc;
+            }
+          }
+        }
+        for (int64_t i = 0; i < rows_each * n; ++i) {
+          double expect = want[static_cast<size_t>(i)] + (with_bias ? exact(99, salt, static_cast<size_t>(i % n)) : 0.0);
+          float rounded = static_cast<float>(expect);
+          if (dtype == DType::kBF16) rounded = bf16_to_float(float_to_bf16(rounded));
+          if (dtype == DType::kF16) rounded = half_to_float(float_to_half(rounded));
+          float got = 0;
+          (void)convert(TensorView(static_cast<std::byte*>(out.data()) + i * static_cast<int64_t>(dtype_size(dtype)), dtype, {1}),
+                        TensorView(&got, DType::kF32, {1}));
+          RANK_CHECK(got == rounded, "{} m={} k={} n={}{} ({} GEMM): element {} is {}, want {} (float64 {})", dtype_name(dtype),
+                     m, k, n, with_bias ? " +bias" : "", gemm_threads > 1 ? "OpenBLAS" : "packed", i, got, rounded, expect);
+        }
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+class MatmulReduceScatterWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(MatmulReduceScatterWorlds, MatchesTheFloat64ReferenceBitForBit) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return matmul_reduce_scatter_cases(c, 1); }));
+}
+
+TEST_P(MatmulReduceScatterWorlds, MatchesItWithOpenBlas) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return matmul_reduce_scatter_cases(c, 2); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MatmulReduceScatterWorlds, ::testing::Values(1, 2, 3));
+
+TEST(MatmulReduceScatter, AnotherKIsAMismatchAndBadShapesAreRefused) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int64_t k = g.rank() == 1 ? 9 : 8;
+    Tensor x1 = Tensor::empty(DType::kF32, {4, k});
+    Tensor x2 = Tensor::empty(DType::kF32, {k, 16});
+    Tensor out = Tensor::empty(DType::kF32, {2, 16});
+    Status s = matmul_reduce_scatter(g, x1.view(), x2.view(), std::nullopt, out.view());
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find("k=8") != std::string::npos &&
+                   s.message().find("k=9") != std::string::npos, "{}", s.to_string());
+    Tensor x3 = Tensor::empty(DType::kF32, {3, 8});
+    Tensor x4 = Tensor::empty(DType::kF32, {8, 16});
+    s = matmul_reduce_scatter(g, x3.view(), x4.view(), std::nullopt, out.view());
+    RANK_CHECK(s.kind() == ErrorKind::kInvalidArgument && s.message().find("do not split over 2") != std::string::npos, "{}",
+               s.to_string());
+    Tensor small = Tensor::empty(DType::kF32, {1, 16});
+    Tensor x5 = Tensor::empty(DType::kF32, {4, 8});
+    s = matmul_reduce_scatter(g, x5.view(), x4.view(), std::nullopt, small.view());
+    RANK_CHECK(s.kind() == ErrorKind::kInvalidArgument && s.message().find("expected fp32[2, 16]") != std::string::npos, "{}",
+               s.to_string());
+    // Still usable: ones times ones, summed over 2 ranks.
+    Tensor ones1 = Tensor::empty(DType::kF32, {4, 8});
+    Tensor ones2 = Tensor::empty(DType::kF32, {8, 16});
+    std::fill_n(static_cast<float*>(ones1.data()), 32, 1.0f);
+    std::fill_n(static_cast<float*>(ones2.data()), 128, 1.0f);
+    RANK_OK(matmul_reduce_scatter(g, ones1.view(), ones2.view(), std::nullopt, out.view()));
+    RANK_CHECK(static_cast<float*>(out.data())[31] == 16.0f, "{}", static_cast<float*>(out.data())[31]);
+    return "";
+  }));
 }

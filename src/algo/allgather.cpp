@@ -24,6 +24,7 @@ const char* op_name(OpCode op) {
     case OpCode::kBroadcast: return "broadcast";
     case OpCode::kReduceScatter: return "reduce_scatter";
     case OpCode::kAllReduce: return "all_reduce";
+    case OpCode::kMatmulReduceScatter: return "matmul_reduce_scatter";
   }
   return "unknown-op";
 }

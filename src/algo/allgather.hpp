@@ -22,6 +22,7 @@ namespace fastgather::algo {
 enum class OpCode : uint32_t {
   kAllGather = 1,
   kAllGatherV = 7,
+  kMatmulReduceScatter = 8,
   kAllGatherMatmul = 2,
   kBarrier = 3,
   kBroadcast = 4,

@@ -104,8 +104,10 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   // A reduce-scatter step carries a piece for every member: it is inline
   // when the whole input rides in the post line.
   const bool scatters = !all_reduce || p.schedule == Schedule::kTwoShot;
-  p.protocol = call.bytes <= transport::kInlineBytes && p.schedule == Schedule::kOneShot ? Protocol::kInline
-                                                                                         : Protocol::kCopyInOut;
+  // The fused op makes its pieces in the ring: never inline.
+  const bool produced = call.op == OpCode::kMatmulReduceScatter;
+  p.protocol = call.bytes <= transport::kInlineBytes && p.schedule == Schedule::kOneShot && !produced ? Protocol::kInline
+                                                                                                     : Protocol::kCopyInOut;
   const size_t align = std::max<size_t>(call.align, 1);
   const size_t step = max_piece(g.pipeline_bytes != 0 ? std::min(g.pipeline_bytes, g.max_step_bytes) : g.max_step_bytes, align);
   if (p.protocol == Protocol::kInline) {
@@ -121,14 +123,16 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
     return refuse(fmt::format("a step of the shared-memory ring ({} bytes, FG_RING_BYTES) cannot hold a {}-byte "
                               "element for each of {} members", g.max_step_bytes, align, n));
   }
-  p.in_place = g.heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline;
+  p.in_place = g.heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline && !produced;
   return p;
 }
 
 }  // namespace
 
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
-  if (call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce) return plan_reduction(g, call);
+  if (call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce || call.op == OpCode::kMatmulReduceScatter) {
+    return plan_reduction(g, call);
+  }
   const Settings& settings = *call.settings;
   const Topology& topo = g.topo;
   const bool spans = topo.servers() > 1;
@@ -206,7 +210,9 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h, con
   std::string s = fmt::format("{}{} {} bytes of {}", op_name(static_cast<OpCode>(h.op)),
                               how.empty() ? "" : fmt::format("({})", how), h.bytes,
                               h.bytes == 0 && h.dtype == 0 ? "-" : dtype_name(static_cast<DType>(h.dtype)));
-  if (call.op == OpCode::kAllGatherMatmul || call.op == OpCode::kBroadcast) s += fmt::format(" with {}={}", call.aux_name, h.aux);
+  if (call.op == OpCode::kAllGatherMatmul || call.op == OpCode::kBroadcast || call.op == OpCode::kMatmulReduceScatter) {
+    s += fmt::format(" with {}={}", call.aux_name, h.aux);
+  }
   if (call.op == OpCode::kAllGatherV) s += fmt::format(" with block sizes #{:016x}", h.aux);
   return s;
 }

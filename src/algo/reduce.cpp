@@ -14,31 +14,44 @@ Chunks::Chunks(size_t total_bytes, int members, size_t align) : total(total_byte
   each = ((total + n - 1) / n + unit - 1) / unit * unit;
 }
 
+Chunks Chunks::equal(size_t total_bytes, int members) {
+  Chunks c(total_bytes, members, 1);
+  c.each = total_bytes / static_cast<size_t>(std::max(members, 1));
+  return c;
+}
+
 namespace {
 
 size_t part(size_t size, size_t off, size_t most) { return size > off ? std::min(most, size - off) : 0; }
 
 // Every member sends each peer its piece of the peer's chunk, a piece per
 // peer in each step, and sums the pieces of its own chunk as they come:
-// chunk m of every input (first(m), size(m)) is summed by member m into
-// dst + offset within the chunk. The own chunk never enters the ring.
-engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, std::byte* dst, Sum sum) {
+// chunk m of every input (first(m), size(m)) is summed by member m, its
+// result at `at` + offset within the chunk. The own chunk never enters the
+// ring. With `produce`, the pieces are made as they are sent (see
+// reduce_scatter_produced) instead of read from call.input.
+engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at, Sum sum, const Produce* produce = nullptr,
+                                  std::byte* scratch = nullptr) {
   transport::ShmChannel& ch = st.ch;
   const GatherCall& call = st.call;
   const int n = ch.members();
   const int me = ch.me();
-  const bool inline_data = st.plan.protocol == Protocol::kInline;
+  const bool inline_data = st.plan.protocol == Protocol::kInline && produce == nullptr;
   // Peers read the input where it lies when it is in this member's heap.
-  const bool from_heap = st.plan.in_place && ch.heap() != nullptr && ch.heap()->own_offset(call.input, call.bytes);
+  const bool from_heap = produce == nullptr && st.plan.in_place && ch.heap() != nullptr &&
+                         ch.heap()->own_offset(call.input, call.bytes);
   const size_t sub = inline_data ? std::max<size_t>(chunks.each, 1) : st.plan.piece;
   std::vector<const std::byte*> srcs(static_cast<size_t>(n));
   for (size_t off = 0; st.first || off < chunks.each; off += sub) {
     const size_t stride = part(chunks.each, off, sub);  // every member's piece has room for this much
+    const size_t len_me = part(chunks.size(me), off, stride);
     auto fill = [&](std::byte* ring) {
       for (int d = 0; d < n; ++d) {
         const size_t len = part(chunks.size(d), off, stride);
-        if (d != me && len != 0) copy_into_ring(CopyIn::kCached, ring + static_cast<size_t>(d) * stride,
-                                                call.input + chunks.first(d) + off, len);
+        if (d == me || len == 0) continue;
+        std::byte* to = ring + static_cast<size_t>(d) * stride;
+        if (produce != nullptr) (*produce)(d, off, len, to);
+        else copy_into_ring(CopyIn::kCached, to, call.input + chunks.first(d) + off, len);
       }
     };
     FunctionRef<void(std::byte*)> fill_ref(fill);
@@ -49,18 +62,21 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, std::byte
       step.len = stride * static_cast<size_t>(n);
       step.fill = &fill_ref;
     }
-    auto nothing = [] {};
+    // The own piece is made while the peers make theirs.
+    auto posted = [&] {
+      if (produce != nullptr && len_me != 0) (*produce)(me, off, len_me, scratch);
+    };
     auto take = [&](int peer, const transport::PostHeader& h, const std::byte* src) {
       // Posted whole (inline, or the input in the peer's heap), or a piece per member.
       srcs[static_cast<size_t>(peer)] = inline_data || h.in_heap != 0 ? src + chunks.first(me) + off
                                                                       : src + static_cast<size_t>(me) * stride;
     };
-    Status s = co_await lockstep(st, step, nothing, take);
+    Status s = co_await lockstep(st, step, posted, take);
     if (!s.ok()) co_return s;
     if (!st.mismatch.empty()) co_return st.mismatch_status();
-    if (const size_t len = part(chunks.size(me), off, stride); len != 0) {
-      srcs[static_cast<size_t>(me)] = call.input + chunks.first(me) + off;
-      sum(dst + off, srcs.data(), n, len);
+    if (len_me != 0) {
+      srcs[static_cast<size_t>(me)] = produce != nullptr ? scratch : call.input + chunks.first(me) + off;
+      sum(at + off, srcs.data(), n, len_me);
     }
   }
   co_return Status::Ok();
@@ -86,7 +102,7 @@ engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* 
 }
 
 // Every member sums all of everyone's input, a step at a time.
-engine::Task<Status> sum_everything(CallState& st, std::byte* out, Sum sum) {
+engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum) {
   transport::ShmChannel& ch = st.ch;
   const GatherCall& call = st.call;
   const int n = ch.members();
@@ -106,7 +122,7 @@ engine::Task<Status> sum_everything(CallState& st, std::byte* out, Sum sum) {
     if (!st.mismatch.empty()) co_return st.mismatch_status();
     if (len != 0) {
       srcs[static_cast<size_t>(me)] = call.input + off;
-      sum(out + off, srcs.data(), n, len);
+      sum(off, srcs.data(), n, len);
     }
     off += len;
   }
@@ -120,7 +136,7 @@ engine::Task<Status> reduce(transport::ShmChannel& ch, GatherCall call, const Ca
   if (!plan.error.ok()) co_return plan.error;
   const int n = ch.members();
   if (n == 1) {  // the sum of one: the input
-    if (call.bytes != 0) sum(out, &call.input, 1, call.bytes);
+    if (call.bytes != 0) sum(0, &call.input, 1, call.bytes);
     co_return Status::Ok();
   }
   CallState st(ch, call, plan);
@@ -129,12 +145,10 @@ engine::Task<Status> reduce(transport::ShmChannel& ch, GatherCall call, const Ca
     s = co_await sum_everything(st, out, sum);
   } else if (call.op == OpCode::kAllReduce) {
     const Chunks chunks(call.bytes, n, call.align);
-    s = co_await scatter_sums(st, chunks, out + chunks.first(ch.me()), sum);
+    s = co_await scatter_sums(st, chunks, chunks.first(ch.me()), sum);
     if (s.ok()) s = co_await share_sums(st, chunks, out);
   } else {
-    Chunks chunks(call.bytes, n, call.align);
-    chunks.each = call.bytes / static_cast<size_t>(n);  // the op's chunks: equal, back to back
-    s = co_await scatter_sums(st, chunks, out, sum);
+    s = co_await scatter_sums(st, Chunks::equal(call.bytes, n), 0, sum);
   }
   if (!s.ok()) co_return s;
   if (st.in_place) {
@@ -143,6 +157,14 @@ engine::Task<Status> reduce(transport::ShmChannel& ch, GatherCall call, const Ca
     if (Status d = co_await done_reading(st); !d.ok()) co_return d;
   }
   co_return Status::Ok();
+}
+
+engine::Task<Status> reduce_scatter_produced(transport::ShmChannel& ch, GatherCall call, const CallPlan& plan,
+                                             Produce produce, std::byte* scratch, Sum sum) {
+  if (!ch.broken().ok()) co_return ch.broken();
+  if (!plan.error.ok()) co_return plan.error;
+  CallState st(ch, call, plan);
+  co_return co_await scatter_sums(st, Chunks::equal(call.bytes, ch.members()), 0, sum, &produce, scratch);
 }
 
 }  // namespace fastgather::algo

@@ -20,9 +20,13 @@
 
 namespace fastgather::algo {
 
-// sum(dst, srcs, n, bytes): dst = srcs[0] + ... + srcs[n-1], element-wise,
-// in that order. dst may be one of the sources (then it is read first).
-using Sum = FunctionRef<void(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes)>;
+// sum(offset, srcs, n, bytes): bytes [offset, offset+bytes) of the op's
+// result = srcs[0] + ... + srcs[n-1], element-wise, in that order. The
+// result may be where one of the sources lies (then it is read first).
+using Sum = FunctionRef<void(size_t offset, const std::byte* const* srcs, int n, size_t bytes)>;
+// produce(member, offset, len, dst): writes bytes [offset, offset+len) of the
+// chunk of this member's input that `member` sums, at dst.
+using Produce = FunctionRef<void(int member, size_t offset, size_t len, std::byte* dst)>;
 
 // Which bytes of an all-reduce each member sums in two-shot: chunk m starts at
 // first(m) bytes and holds size(m) (whole cache lines but the last; some may
@@ -30,16 +34,26 @@ using Sum = FunctionRef<void(std::byte* dst, const std::byte* const* srcs, int n
 struct Chunks {
   size_t total = 0, each = 0;
   Chunks(size_t total_bytes, int members, size_t align);
+  // A reduce-scatter's: n equal chunks back to back.
+  static Chunks equal(size_t total_bytes, int members);
   size_t first(int m) const { return std::min(total, each * static_cast<size_t>(m)); }
   size_t size(int m) const { return std::min(each, total - first(m)); }
 };
 
 // call.op kReduceScatter: call.input holds n chunks of call.bytes / n bytes;
-// out (call.bytes / n) = the sum of every member's chunk me.
-// call.op kAllReduce: out (call.bytes) = the sum of every member's input;
-// out may be call.input. `plan` is plan_call's for the call.
+// the result (call.bytes / n) is the sum of every member's chunk me.
+// call.op kAllReduce: the result (call.bytes, at out: the second half of
+// two-shot copies the others' sums there) is the sum of every member's
+// input; out may be call.input. `plan` is plan_call's for the call.
 // Coroutines: `sum`, `plan` and what call points to must outlive them.
 engine::Task<Status> reduce(transport::ShmChannel& channel, GatherCall call, const CallPlan& plan, std::byte* out,
                             Sum sum);
+
+// A reduce-scatter whose input is made as it is sent (call.op
+// kMatmulReduceScatter: rows of a product): the pieces for the peers are
+// produced straight into the ring, this member's own after its post, into
+// `scratch` (plan.piece bytes), while the peers make theirs.
+engine::Task<Status> reduce_scatter_produced(transport::ShmChannel& channel, GatherCall call, const CallPlan& plan,
+                                             Produce produce, std::byte* scratch, Sum sum);
 
 }  // namespace fastgather::algo

@@ -21,22 +21,6 @@ namespace {
 
 constexpr const char* kOp = "all_gather_matmul";
 
-// OpenBLAS's thread count is one setting for the whole process: compare
-// with it, not with a per-thread memory of what this thread last set (two
-// threads asking for different counts would get out of step).
-void set_blas_threads(int threads) {
-  if (threads < 1) threads = 1;
-  if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
-}
-
-// The packed kernel (gemm.hpp) where the CPU has it and one thread
-// multiplies; OpenBLAS's sgemm on fp32 copies otherwise, or where the
-// settings ask for it (FG_FUSED_GEMM=openblas).
-bool use_packed_gemm(const AllGatherMatmulOptions& options, const Settings& settings) {
-  return settings.fused_gemm != Settings::FusedGemm::kOpenBlas && options.gemm_threads <= 1 &&
-         ops::packed_gemm_supported();
-}
-
 Status check_args(const Group& g, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
                   const TensorView& output, const TensorView& gather_out, bool gather_output) {
   const DType dt = x1.dtype;
@@ -96,8 +80,8 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
                      fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte step; raise FG_RING_BYTES", kOp,
                                  group.describe(), row_bytes, ch.max_step_bytes())};
   }
-  const bool packed = use_packed_gemm(options, impl_of(group)->settings);
-  if (!packed) set_blas_threads(options.gemm_threads);
+  const bool packed = ops::use_packed_gemm(options.gemm_threads, impl_of(group)->settings);
+  if (!packed) ops::set_blas_threads(options.gemm_threads);
 
   // Rows multiplied at once: a step's worth (k = 0 moves nothing; any block size serves).
   const size_t block_rows = max_rows != 0 ? max_rows : std::max<size_t>(m, 1);

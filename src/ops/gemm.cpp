@@ -1,5 +1,7 @@
 #include "ops/gemm.hpp"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -127,7 +129,7 @@ PackedGemm::PackedGemm(DType dtype, const void* b, size_t k, size_t n, const voi
   if (bias != nullptr) to_float(dtype, bias, bias_, n);
 }
 
-void PackedGemm::multiply(const void* a, size_t rows, void* c) {
+void PackedGemm::multiply(const void* a, size_t rows, void* c, DType c_dtype) {
   const size_t width = panels_ * kCols;
   const size_t elt = dtype_size(dtype_);
   const size_t chunk = chunk_rows(n_);
@@ -154,8 +156,18 @@ void PackedGemm::multiply(const void* a, size_t rows, void* c) {
         }
       }
     }
-    for (size_t r = 0; r < rs; ++r) from_float(dtype_, acc_ + r * width, c_bytes + (r0 + r) * n_ * elt, n_);
+    const size_t c_elt = dtype_size(c_dtype);
+    for (size_t r = 0; r < rs; ++r) from_float(c_dtype, acc_ + r * width, c_bytes + (r0 + r) * n_ * c_elt, n_);
   }
+}
+
+bool use_packed_gemm(int gemm_threads, const Settings& settings) {
+  return settings.fused_gemm != Settings::FusedGemm::kOpenBlas && gemm_threads <= 1 && packed_gemm_supported();
+}
+
+void set_blas_threads(int threads) {
+  if (threads < 1) threads = 1;
+  if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
 }
 
 }  // namespace fastgather::ops

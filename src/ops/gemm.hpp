@@ -10,12 +10,22 @@
 
 #include <cstddef>
 
+#include "fastgather/settings.hpp"
 #include "fastgather/tensor.hpp"
 
 namespace fastgather::ops {
 
 // The CPU has what the kernel needs (AVX2, FMA, F16C).
 bool packed_gemm_supported();
+
+// The packed kernel where the CPU has it and one thread multiplies;
+// OpenBLAS's sgemm on fp32 copies otherwise, or where the settings ask for
+// it (FG_FUSED_GEMM=openblas).
+bool use_packed_gemm(int gemm_threads, const Settings& settings);
+// OpenBLAS's thread count is one setting for the whole process: compared
+// with it, not with a per-thread memory of what this thread last set (two
+// threads asking for different counts would get out of step).
+void set_blas_threads(int threads);
 
 class PackedGemm {
  public:
@@ -28,7 +38,9 @@ class PackedGemm {
 
   // c (rows x n of dtype) = a (rows x k of dtype, row stride k) @ b + bias.
   // a may be null when k == 0.
-  void multiply(const void* a, size_t rows, void* c);
+  void multiply(const void* a, size_t rows, void* c) { multiply(a, rows, c, dtype_); }
+  // The same with c in c_dtype (fp32: the sums before rounding).
+  void multiply(const void* a, size_t rows, void* c, DType c_dtype);
 
  private:
   DType dtype_;

@@ -32,7 +32,9 @@ engine::Task<Status> run_reduce(Group& group, algo::GatherCall call, std::byte* 
   Group::Impl& i = *impl_of(group);
   const algo::CallPlan plan = ops::plan_for(group, call);
   const DType dtype = static_cast<DType>(call.dtype);
-  auto sum = [dtype](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) { ops::sum(dtype, dst, srcs, n, bytes); };
+  auto sum = [dtype, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
+    ops::sum(dtype, out + offset, srcs, n, bytes);
+  };
   const auto t0 = stats != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   Status s = co_await algo::reduce(*i.channel, call, plan, out, sum);
   if (stats != nullptr) {
