@@ -81,5 +81,10 @@ std::unique_ptr<Case> make_unfused_all_gather_matmul(Group& g, const CaseShape& 
 // divide by the group size). Inputs from the heap when s.symmetric.
 std::unique_ptr<Case> make_all_reduce(Group& g, const CaseShape& s);
 std::unique_ptr<Case> make_reduce_scatter(Group& g, const CaseShape& s);
+// x1 (m * size, hidden) @ x2 (hidden, n) reduce-scattered into (m, n):
+// matmul_reduce_scatter, or the whole product's GEMM then reduce_scatter.
+// bytes_per_rank: the fp32 product each rank reduce-scatters.
+std::unique_ptr<Case> make_matmul_reduce_scatter(Group& g, const CaseShape& s);
+std::unique_ptr<Case> make_unfused_matmul_reduce_scatter(Group& g, const CaseShape& s);
 
 }  // namespace fastgather::bench

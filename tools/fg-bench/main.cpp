@@ -167,6 +167,12 @@ std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Opti
       cases.push_back([&g, f] { return make_all_gather_matmul(g, f); });
       if (o.compare) cases.push_back([&g, f] { return make_unfused_all_gather_matmul(g, f); });
     }
+    if (wants("matmul_reduce_scatter")) {
+      const CaseShape f{m, o.hidden, mm_dtype, o.n, o.dv ? 8 : 1, spans, false};
+      std::vector<CaseFactory>& cases = *next_group();
+      cases.push_back([&g, f] { return make_matmul_reduce_scatter(g, f); });
+      if (o.compare) cases.push_back([&g, f] { return make_unfused_matmul_reduce_scatter(g, f); });
+    }
     for (const bool scatter : {false, true}) {
       const char* op = scatter ? "reduce_scatter" : "all_reduce";
       if (!wants(op)) continue;
@@ -248,6 +254,11 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
   }
   if (!agm.empty()) out += format_table(fmt::format("AllGather+MatMul ({}, hidden {}, n={})", o.mm_dtype, o.hidden, o.n), agm) + "\n";
   if (!ag.empty() && !agm.empty()) out += format_verdicts(verdicts(ag, agm)) + "\n";
+  if (const auto mrs = select("matmul_reduce_scatter"); !mrs.empty()) {
+    out += format_table(fmt::format("MatMul+ReduceScatter ({}, x1 m*ranks x hidden {}, n={}; per-rank data: the fp32 "
+                                    "product each rank reduce-scatters)", o.mm_dtype, o.hidden, o.n), mrs) + "\n";
+    out += format_speedups("matmul_reduce_scatter", "unfused", 1.1, rows) + "\n";
+  }
   if (const auto ar = select("all_reduce"); !ar.empty()) {
     out += format_table(fmt::format("AllReduce, sum ({}, hidden {}; per-rank data: each rank's input)", o.dtype, o.hidden), ar) + "\n";
   }
@@ -256,7 +267,8 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
            "\n";
   }
   if (o.compare || limits != nullptr) {
-    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter"}) {
+    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter",
+                           "matmul_reduce_scatter"}) {
       if (std::string t = format_compare(op, rows); !t.empty()) out += t + "\n";
     }
   }
@@ -344,10 +356,10 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
       if (!r.ok()) return r.status();
       Row row = r.value();
       if (with_limits && lead) {
-        const bool sums = row.op == "all_reduce" || row.op == "reduce_scatter";
-        row.limit_us = sums ? reduction_limit_us(limits, row.bytes_per_rank, row.group_size, row.op == "all_reduce")
-                            : all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g)) +
-                                  cs[i]->compute_floor_us();
+        const bool sums = row.op == "all_reduce" || row.op == "reduce_scatter" || row.op == "matmul_reduce_scatter";
+        row.limit_us = (sums ? reduction_limit_us(limits, row.bytes_per_rank, row.group_size, row.op == "all_reduce")
+                             : all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g))) +
+                       cs[i]->compute_floor_us();
         row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
       }
       rows.push_back(std::move(row));
@@ -432,7 +444,8 @@ int main(int argc, char** argv) {
   app.add_option("--mm-dtype", o.mm_dtype, "AllGather+MatMul dtype (fp16, bf16, fp32)");
   app.add_option("--n", o.n, "AllGather+MatMul output columns")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--ops", o.ops, "ops to run")->delimiter(',')->check(
-      CLI::IsMember({"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter"}));
+      CLI::IsMember({"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter",
+                     "matmul_reduce_scatter"}));
   app.add_option("--iters", o.run.iters, "iterations per size (default: from --time-ms)")->check(CLI::Range(1, 10'000'000));
   const CLI::Validator positive_ms(
       [](std::string& v) -> std::string {

@@ -1,6 +1,10 @@
 // reduce_scatter and all_reduce as benchmark cases: inputs of exact values
 // (sums.hpp), so check mode knows every element of every output.
+#include <cblas.h>
+
+#include <chrono>
 #include <stdexcept>
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
@@ -98,7 +102,122 @@ class ReduceCase : public Case {
   std::vector<Tensor> ins_, outs_;
 };
 
+void sgemm_f32(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k),
+              1.0f, a, static_cast<int>(k), b, static_cast<int>(n), 0.0f, c, static_cast<int>(n));
+}
+
+// x1 (m * size, hidden) @ x2 (hidden, n) on every rank, reduce-scattered
+// along rows into (m, n): fused, or the GEMM of the whole product in fp32,
+// then reduce_scatter of it, then rounding into the output.
+class MatmulReduceScatterCase : public Case {
+ public:
+  MatmulReduceScatterCase(Group& g, const CaseShape& s, bool fused) : g_(g), fused_(fused), k_(s.hidden), n_(s.n) {
+    op = "matmul_reduce_scatter";
+    impl = fused ? "fastgather" : "unfused";
+    m = s.m;
+    dtype = s.dtype;
+    rows_ = s.m * g.size();
+    x2_ = Tensor::empty(s.dtype, {k_, n_});
+    out_ = Tensor::empty(s.dtype, {s.m, n_});
+    for (int v = 0; v < std::max(s.variants, 1); ++v) x1_.push_back(Tensor::empty(s.dtype, {rows_, k_}));
+    bytes_per_rank = static_cast<size_t>(rows_ * n_) * sizeof(float);  // the product each rank reduce-scatters
+    b_.resize(static_cast<size_t>(k_ * n_));
+    for (size_t i = 0; i < b_.size(); ++i) b_[i] = exact_value(1000, 0, i);
+    fill_exact_f32_into(dtype, b_.data(), x2_.data(), b_.size());
+    for (size_t v = 0; v < x1_.size(); ++v) prepare(v);
+  }
+
+  Status run(uint64_t it) override {
+    const Tensor& x1 = x1_[it % x1_.size()];
+    if (fused_) return matmul_reduce_scatter(g_, x1.view(), x2_.view(), std::nullopt, out_.view());
+    auto t = Clock::now();
+    const size_t rows = static_cast<size_t>(rows_);
+    c32_.resize(rows * static_cast<size_t>(n_));
+    const float* a = x1.data_as<float>();
+    const float* b = x2_.data_as<float>();
+    if (dtype != DType::kF32) {
+      a32_.resize(rows * static_cast<size_t>(k_));
+      b32_.resize(static_cast<size_t>(k_ * n_));
+      if (Status s = convert(x1.view(), TensorView(a32_.data(), DType::kF32, {rows_, k_})); !s.ok()) return s;
+      if (Status s = convert(x2_.view(), TensorView(b32_.data(), DType::kF32, {k_, n_})); !s.ok()) return s;
+      a = a32_.data();
+      b = b32_.data();
+      lap("convert", &t);
+    }
+    if (rows != 0 && n_ != 0) sgemm_f32(rows_, n_, k_, a, b, c32_.data());
+    lap("gemm", &t);
+    const TensorView product(c32_.data(), DType::kF32, {rows_ * n_});
+    if (dtype == DType::kF32) {
+      Status s = reduce_scatter(g_, product, TensorView(out_.data(), DType::kF32, {m * n_}));
+      lap("reduce_scatter", &t);
+      return s;
+    }
+    r32_.resize(static_cast<size_t>(m * n_));
+    if (Status s = reduce_scatter(g_, product, TensorView(r32_.data(), DType::kF32, {m * n_})); !s.ok()) return s;
+    lap("reduce_scatter", &t);
+    Status s = convert(TensorView(r32_.data(), DType::kF32, {m, n_}), out_.view());
+    lap("convert", &t);
+    return s;
+  }
+
+  void prepare(uint64_t it) override {
+    fill_exact(dtype, x1_[it % x1_.size()].data(), static_cast<size_t>(rows_ * k_), g_.ranks()[g_.rank()], it);
+  }
+
+  // Every rank's product is exact in fp32 (sums.hpp), so the expected
+  // output is the exact sum rounded once, whatever order either side sums in.
+  std::string verify(uint64_t it) override {
+    std::vector<float> a(static_cast<size_t>(m * k_)), c(static_cast<size_t>(m * n_)), sum(static_cast<size_t>(m * n_), 0.0f);
+    const size_t first = static_cast<size_t>(g_.rank() * m * k_);
+    for (int r : g_.ranks()) {
+      for (size_t i = 0; i < a.size(); ++i) a[i] = exact_value(r, it, first + i);
+      if (m != 0 && n_ != 0) sgemm_f32(m, n_, k_, a.data(), b_.data(), c.data());
+      for (size_t i = 0; i < c.size(); ++i) sum[i] += c[i];
+    }
+    std::vector<std::byte> expect(out_.nbytes());
+    fill_exact_f32_into(dtype, sum.data(), expect.data(), sum.size());
+    if (std::memcmp(expect.data(), out_.data(), expect.size()) != 0) {
+      return fmt::format("matmul_reduce_scatter/{}: the output differs from the reference (iteration {})", impl, it);
+    }
+    return {};
+  }
+
+  // The GEMM of the whole product in fp32, at this machine's single-thread speed.
+  double compute_floor_us() override {
+    if (rows_ == 0 || n_ == 0) return 0;
+    std::vector<float> a(static_cast<size_t>(rows_ * k_), 0.5f), c(static_cast<size_t>(rows_ * n_));
+    double best = 1e300;
+    for (int i = 0; i < 5; ++i) {
+      auto t = Clock::now();
+      sgemm_f32(rows_, n_, k_, a.data(), b_.data(), c.data());
+      best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+    }
+    return best;
+  }
+
+ private:
+  static void fill_exact_f32_into(DType d, const float* src, void* dst, size_t count) {
+    const int64_t n = static_cast<int64_t>(count);
+    (void)convert(TensorView(src, DType::kF32, {n}), TensorView(dst, d, {n}));
+  }
+
+  Group& g_;
+  bool fused_;
+  int64_t k_, n_, rows_ = 0;
+  std::vector<Tensor> x1_;
+  Tensor x2_, out_;
+  std::vector<float> b_, a32_, b32_, c32_, r32_;
+};
+
 }  // namespace
+
+std::unique_ptr<Case> make_matmul_reduce_scatter(Group& g, const CaseShape& s) {
+  return std::make_unique<MatmulReduceScatterCase>(g, s, true);
+}
+std::unique_ptr<Case> make_unfused_matmul_reduce_scatter(Group& g, const CaseShape& s) {
+  return std::make_unique<MatmulReduceScatterCase>(g, s, false);
+}
 
 std::unique_ptr<Case> make_all_reduce(Group& g, const CaseShape& s) { return std::make_unique<ReduceCase>(g, s, false); }
 std::unique_ptr<Case> make_reduce_scatter(Group& g, const CaseShape& s) { return std::make_unique<ReduceCase>(g, s, true); }

@@ -58,6 +58,25 @@ std::string format_verdicts(const std::vector<Verdict>& vs) {
   return s;
 }
 
+std::string format_speedups(const std::string& op, const std::string& other, double target, const std::vector<Row>& rows) {
+  std::map<size_t, std::pair<const Row*, const Row*>> by_size;
+  for (const Row& r : rows) {
+    if (r.op != op) continue;
+    if (r.impl == "fastgather") by_size[r.bytes_per_rank].first = &r;
+    if (r.impl == other) by_size[r.bytes_per_rank].second = &r;
+  }
+  std::string s;
+  for (const auto& [bytes, pair] : by_size) {
+    const auto [fg, alt] = pair;
+    if (fg == nullptr || alt == nullptr) continue;
+    const double x = fg->lat.median > 0 ? alt->lat.median / fg->lat.median : 0;
+    s += fmt::format("- {:>7}: {} {:.1f} us vs {} {:.1f} us: {:.2f}x -> {}\n", human_bytes(static_cast<double>(bytes)), op,
+                     fg->lat.median, other, alt->lat.median, x, x >= target ? "yes" : "NO");
+  }
+  if (s.empty()) return s;
+  return fmt::format("### Is {} at least {:.1f}x faster than {}? (median)\n\n", op, target, other) + s;
+}
+
 std::string format_compare(const std::string& op, const std::vector<Row>& rows) {
   std::vector<std::string> impls;
   std::map<size_t, std::map<std::string, const Row*>> by_size;

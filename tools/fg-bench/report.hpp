@@ -27,6 +27,9 @@ std::string format_verdicts(const std::vector<Verdict>& v);
 
 // One table per op: a column per impl (median us), each impl's ratio to the
 // best, the limit and fastgather's percentage of it.
+// "Is op at least `target`x faster than its `other` implementation?" per
+// size, from the medians of the rows of both (empty without an `other` row).
+std::string format_speedups(const std::string& op, const std::string& other, double target, const std::vector<Row>& rows);
 std::string format_compare(const std::string& op, const std::vector<Row>& rows);
 // Where the time of the staged and unfused paths goes, per call.
 std::string format_phases(const std::vector<Row>& rows);
