@@ -448,6 +448,19 @@ class ProcessGroupFastgather : public c10d::Backend {
   }
 
   // The fused op: blocking, in order with the group's other requests.
+  fg::Status matmul_reduce_scatter(const fg::TensorView& a, const fg::TensorView& w, const std::optional<fg::TensorView>& b,
+                                   const fg::TensorView& out) {
+    std::vector<c10::intrusive_ptr<FastgatherWork>> done;
+    fg::Status s;
+    {
+      OwnerLock lock(*this);
+      s = fg::matmul_reduce_scatter(group(), a, w, b, out);
+      advance(nullptr, kNow, &done);  // works ahead of it are complete now
+    }
+    for (auto& d : done) d->publish();
+    return s;
+  }
+
   fg::Status all_gather_matmul(const fg::TensorView& a, const fg::TensorView& w, const std::optional<fg::TensorView>& b,
                                const fg::TensorView& out, const fg::TensorView& gathered,
                                const fg::AllGatherMatmulOptions& opt) {
@@ -849,6 +862,46 @@ std::tuple<at::Tensor, at::Tensor> all_gather_base_mm(const at::Tensor& x1, cons
   return {out, gathered};
 }
 
+// torch_npu.npu_mm_reduce_scatter_base: x1 (m, k) @ x2 (k, n) on every rank,
+// summed over the group and scattered along rows: (m / world_size, n), + bias.
+at::Tensor mm_reduce_scatter_base(const at::Tensor& x1, const at::Tensor& x2, c10::string_view hcom, int64_t world_size,
+                                  c10::string_view reduce_op, const std::optional<at::Tensor>& bias, int64_t comm_turn) {
+  constexpr const char* kOp = "mm_reduce_scatter_base";
+  auto pg = find_group(std::string(hcom));
+  TORCH_CHECK_VALUE(world_size == pg->getSize(), "fastgather: world_size=", world_size, " but group '", hcom, "' has ",
+                    pg->getSize(), " ranks");
+  TORCH_CHECK_VALUE(reduce_op == "sum", "fastgather: ", kOp, ": reduce_op='", std::string(reduce_op),
+                    "' is not supported (only 'sum')");
+  TORCH_CHECK_VALUE(comm_turn == 0, "fastgather: comm_turn=", comm_turn, " is not supported (only 0)");
+  check_tensor(x1, kOp, "x1");
+  check_tensor(x2, kOp, "x2");
+  TORCH_CHECK_VALUE(x1.dim() == 2 && x2.dim() == 2, "fastgather: x1 and x2 must be 2-D, got ", x1.sizes(), " and ",
+                    x2.sizes());
+  TORCH_CHECK_VALUE(x1.size(1) == x2.size(0), "fastgather: x1 ", x1.sizes(), " and x2 ", x2.sizes(), " disagree on k");
+  TORCH_CHECK_VALUE(x1.size(0) % world_size == 0, "fastgather: ", kOp, ": x1's ", x1.size(0), " rows do not split over ",
+                    world_size, " ranks");
+  const auto dt = x1.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kHalf || dt == at::kBFloat16 || dt == at::kFloat, "fastgather: x1 is ", dt, "; ", kOp,
+                   " takes float16, bfloat16 or float32");
+  TORCH_CHECK_TYPE(x2.scalar_type() == dt, "fastgather: x2 is ", x2.scalar_type(), ", x1 is ", dt);
+  const int64_t m = x1.size(0), n = x2.size(1);
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    check_tensor(*bias, kOp, "bias");
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == dt, "fastgather: bias must be ",
+                      dt, " of shape [", n, "], got ", bias->scalar_type(), bias->sizes());
+    b = bias->contiguous();
+  }
+  const at::Tensor a = x1.contiguous(), w = x2.contiguous();
+  at::Tensor out = at::empty({m / world_size, n}, a.options());
+  auto dims = [](const at::Tensor& t) { return std::vector<int64_t>(t.sizes().begin(), t.sizes().end()); };
+  auto v = [&](const at::Tensor& t) { return fg::TensorView(t.data_ptr(), library_dtype(t).first, dims(t)); };
+  std::optional<fg::TensorView> bv;
+  if (b.defined()) bv = v(b);
+  if (fg::Status s = pg->matmul_reduce_scatter(v(a), v(w), bv, v(out)); !s.ok()) raise(s);
+  return out;
+}
+
 // Our backend behind a Python object, or a TypeError naming what it was.
 ProcessGroupFastgather* ours(const py::handle& obj, const char* what) {
   auto* mine = py::isinstance<ProcessGroupFastgather>(obj) ? py::cast<ProcessGroupFastgather*>(obj) : nullptr;
@@ -941,9 +994,15 @@ TORCH_LIBRARY(fastgather, m) {
   m.def(
       "all_gather_base_mm(Tensor x1, Tensor x2, str hcom, int world_size, Tensor? bias=None, int gather_index=0, "
       "bool gather_output=True, int comm_turn=0) -> (Tensor, Tensor)");
+  m.def(
+      "mm_reduce_scatter_base(Tensor x1, Tensor x2, str hcom, int world_size, str reduce_op='sum', Tensor? bias=None, "
+      "int comm_turn=0) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(fastgather, CPU, m) { m.impl("all_gather_base_mm", &all_gather_base_mm); }
+TORCH_LIBRARY_IMPL(fastgather, CPU, m) {
+  m.impl("all_gather_base_mm", &all_gather_base_mm);
+  m.impl("mm_reduce_scatter_base", &mm_reduce_scatter_base);
+}
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastgather: a torch.distributed backend and the fused all-gather + matmul";

@@ -166,3 +166,35 @@ def _all_gather_base_mm_fake(x1, x2, hcom, world_size, bias=None, gather_index=0
     out = x1.new_empty((m * world_size, x2.shape[1]))
     gathered = x1.new_empty((m * world_size, k)) if gather_output else x1.new_empty((0,))
     return out, gathered
+
+
+def mm_reduce_scatter_base(x1, x2, hcom, world_size, reduce_op="sum", bias=None, comm_turn=0):
+    """torch_npu.npu_mm_reduce_scatter_base on CPU, within one server.
+
+    Every rank's ``x1 @ x2`` (x1 (m, k), x2 (k, n); m a multiple of world_size),
+    summed over the group and scattered along rows: returns this rank's
+    (m / world_size, n) rows, + bias (n, added once). float16, bfloat16 or
+    float32; the products travel and are summed in float32, in rank order (the
+    same bits on every run), rounded once. Each peer's rows are multiplied
+    straight into shared memory while the peers multiply theirs.
+    """
+    if not isinstance(hcom, str):
+        hcom = get_comm_name(hcom)
+    for name, t in (("x1", x1), ("x2", x2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fastgather: mm_reduce_scatter_base: {name} must be a tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"fastgather: mm_reduce_scatter_base: bias must be a tensor or None, got {type(bias).__name__}")
+    for name, v in (("world_size", world_size), ("comm_turn", comm_turn)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"fastgather: mm_reduce_scatter_base: {name} must be an int, got {type(v).__name__}")
+    if not isinstance(reduce_op, str):
+        raise TypeError(f"fastgather: mm_reduce_scatter_base: reduce_op must be a str, got {type(reduce_op).__name__}")
+    if world_size < 1:
+        raise ValueError(f"fastgather: mm_reduce_scatter_base: world_size={world_size}")
+    return torch.ops.fastgather.mm_reduce_scatter_base(x1, x2, hcom, world_size, reduce_op, bias, comm_turn)
+
+
+@torch.library.register_fake("fastgather::mm_reduce_scatter_base")
+def _mm_reduce_scatter_base_fake(x1, x2, hcom, world_size, reduce_op="sum", bias=None, comm_turn=0):
+    return x1.new_empty((x1.shape[0] // world_size, x2.shape[1]))

@@ -305,6 +305,53 @@ def fused(rank, world, tp, dp):
     dist.barrier(group=fg)
 
 
+def fused_rs(rank, world, tp, dp):
+    """fastgather.mm_reduce_scatter_base against a float64 reference, eager and under torch.compile."""
+    fg, ranks = groups(world, tp, dp, "fastgather")
+    n_ranks = len(ranks)
+    me = ranks.index(rank)
+    hcom = fastgather.get_comm_name(fg, rank)
+    for dtype in [torch.float16, torch.bfloat16, torch.float32]:
+        for rows, k, n in [(1, 16, 4), (5, 64, 16), (64, 3072, 16), (8, 100, 1000)]:
+            m = rows * n_ranks
+
+            def make(r, shape, salt):
+                g = torch.Generator().manual_seed(7 * r + 13 * salt + m)
+                return (torch.rand(shape, generator=g, dtype=torch.float64) - 0.5).to(dtype)
+            bias = make(99, (n,), 3)
+            for b in [None, bias]:
+                out = fastgather.mm_reduce_scatter_base(make(rank, (m, k), 1), make(rank, (k, n), 2), hcom, n_ranks, bias=b)
+                ref = sum(make(r, (m, k), 1).double() @ make(r, (k, n), 2).double() for r in ranks)[me * rows:(me + 1) * rows]
+                if b is not None:
+                    ref = ref + b.double()
+                check(out.dtype == dtype and out.shape == (rows, n), f"output {out.dtype} {tuple(out.shape)}")
+                err = (out.double() - ref).abs().max().item() if out.numel() else 0.0
+                scale = max(ref.abs().max().item() if ref.numel() else 0.0, 1.0)
+                check(err <= TOL[dtype] * scale * (k ** 0.5) * n_ranks, f"{dtype} m={m} k={k} n={n}: max error {err}")
+    x1 = torch.zeros(2 * n_ranks, 8)
+    for bad, args, kwargs in [("k", (x1, torch.zeros(9, 4), hcom, n_ranks), {}),
+                              ("world_size", (x1, torch.zeros(8, 4), hcom, n_ranks + 1), {}),
+                              ("rows", (torch.zeros(2 * n_ranks + 1, 8), torch.zeros(8, 4), hcom, n_ranks), {}),
+                              ("reduce_op", (x1, torch.zeros(8, 4), hcom, n_ranks), {"reduce_op": "max"}),
+                              ("int32", (x1.int(), torch.zeros(8, 4, dtype=torch.int32), hcom, n_ranks), {}),
+                              ("None", (None, torch.zeros(8, 4), hcom, n_ranks), {})]:
+        try:
+            fastgather.mm_reduce_scatter_base(*args, **kwargs)
+            raise AssertionError(f"bad {bad} was accepted")
+        except (ValueError, TypeError) as e:
+            check("fastgather" in str(e), f"{bad}: {e}")
+
+    def layer(x1, x2):
+        return torch.relu(fastgather.mm_reduce_scatter_base(x1, x2, hcom, n_ranks)) * 2
+
+    fast = torch.compile(layer, fullgraph=True)
+    x1 = (pattern(rank, torch.float32, (4 * n_ranks, 64)) - 60) / 64
+    x2 = (pattern(rank, torch.float32, (64, 16), salt=5) - 60) / 64
+    got = fast(x1, x2)
+    check(torch.equal(got, layer(x1, x2)), "compiled vs eager")
+    dist.barrier(group=fg)
+
+
 def symmetric(rank, world):
     """Inputs from fastgather.empty: read in place by the peers, every byte right, both forms,
     each input overwritten as soon as its call returns; bool and odd shapes; the heap's error."""
