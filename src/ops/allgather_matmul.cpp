@@ -23,17 +23,9 @@ constexpr const char* kOp = "all_gather_matmul";
 
 Status check_args(const Group& g, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
                   const TensorView& output, const TensorView& gather_out, bool gather_output) {
+  if (Status s = ops::check_matmul_operands(g, kOp, x1, x2); !s.ok()) return s;
   const DType dt = x1.dtype;
-  if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16) {
-    return ops::invalid(g, kOp, fmt::format("x1 is {}; supported dtypes are fp32, fp16 and bf16", dtype_name(dt)));
-  }
-  if (x1.shape.size() != 2) return ops::invalid(g, kOp, fmt::format("x1 must be 2-D (m, k), got {}", x1.describe()));
-  if (x2.shape.size() != 2) return ops::invalid(g, kOp, fmt::format("x2 must be 2-D (k, n), got {}", x2.describe()));
-  if (x2.dtype != dt) return ops::invalid(g, kOp, fmt::format("x2 is {}, x1 is {}", dtype_name(x2.dtype), dtype_name(dt)));
   const int64_t m = x1.shape[0], k = x1.shape[1], n = x2.shape[1], w = g.size();
-  if (x2.shape[0] != k) {
-    return ops::invalid(g, kOp, fmt::format("x1 {} has k={}, x2 {} has {} rows", x1.describe(), k, x2.describe(), x2.shape[0]));
-  }
   for (const auto* t : {&x1, &x2, &output}) {
     if (Status s = ops::need_data(g, kOp, t == &x1 ? "x1" : t == &x2 ? "x2" : "output", *t); !s.ok()) return s;
   }

@@ -32,4 +32,21 @@ inline Status need_data(const Group& g, const char* op, const char* what, const 
   return Status::Ok();
 }
 
+// The fused ops' x1 (m, k) and x2 (k, n): 2-D, one dtype of fp32, fp16 and
+// bf16, agreeing on k.
+inline Status check_matmul_operands(const Group& g, const char* op, const TensorView& x1, const TensorView& x2) {
+  const DType dt = x1.dtype;
+  if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16) {
+    return invalid(g, op, fmt::format("x1 is {}; supported dtypes are fp32, fp16 and bf16", dtype_name(dt)));
+  }
+  if (x1.shape.size() != 2) return invalid(g, op, fmt::format("x1 must be 2-D (m, k), got {}", x1.describe()));
+  if (x2.shape.size() != 2) return invalid(g, op, fmt::format("x2 must be 2-D (k, n), got {}", x2.describe()));
+  if (x2.dtype != dt) return invalid(g, op, fmt::format("x2 is {}, x1 is {}", dtype_name(x2.dtype), dtype_name(dt)));
+  if (x2.shape[0] != x1.shape[1]) {
+    return invalid(g, op, fmt::format("x1 {} has k={}, x2 {} has {} rows", x1.describe(), x1.shape[1], x2.describe(),
+                                      x2.shape[0]));
+  }
+  return Status::Ok();
+}
+
 }  // namespace fastgather::ops
