@@ -10,25 +10,30 @@ for CPU tensors:
     dist.all_gather_into_tensor(out, x, group=group)          # one tensor
     work = dist.all_gather_into_tensor(out, x, group=group, async_op=True)  # moves while Python computes
     out, gathered = fastgather.all_gather_base_mm(x1, x2, fastgather.get_comm_name(group), len(ranks))
+    y = fastgather.mm_reduce_scatter_base(x1, x2, fastgather.get_comm_name(group), len(ranks))
     x = fastgather.empty(group, (16, 3072), torch.float16)    # read in place by the group's gathers
 
-fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced,
-all_gather_into_tensor_coalesced (and so the functional collectives'
-all_gather_tensor), broadcast and barrier for CPU tensors of every dtype;
+fastgather serves all_gather (uneven tensors too, within a server),
+all_gather_into_tensor, all_gather_coalesced, all_gather_into_tensor_coalesced
+(and so the functional collectives' all_gather_tensor), broadcast and barrier
+for CPU tensors of every dtype; all_reduce, reduce_scatter and
+reduce_scatter_tensor with ReduceOp.SUM within a server (float32, float16,
+bfloat16, float64, int32, int64, complex; every rank gets the same bits);
 any other op raises NotImplementedError (a RuntimeError) naming it. Errors:
 wrong arguments are ValueError or TypeError; a lost peer, a timeout or an
 abort is torch.distributed.DistBackendError.
 
-The fused op is the torch operator ``torch.ops.fastgather.all_gather_base_mm``
-(with a fake kernel, so torch.compile traces it); ``all_gather_base_mm`` below
-is it with torch_npu's signature and argument checks.
+The fused ops are the torch operators ``torch.ops.fastgather.all_gather_base_mm``
+and ``torch.ops.fastgather.mm_reduce_scatter_base`` (with fake kernels, so
+torch.compile traces them); ``all_gather_base_mm`` and ``mm_reduce_scatter_base``
+below are they with torch_npu's signatures and argument checks.
 """
 import torch
 import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["all_gather_base_mm", "empty", "get_comm_name", "transport", "backend_of", "set_settings", "settings", "BACKEND"]
+__all__ = ["all_gather_base_mm", "mm_reduce_scatter_base", "empty", "get_comm_name", "transport", "backend_of", "set_settings", "settings", "BACKEND"]
 
 BACKEND = "fastgather"
 
