@@ -51,8 +51,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kOnlyThese =
     "fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced, "
-    "all_gather_into_tensor_coalesced, all_reduce, reduce_scatter and reduce_scatter_tensor (sums, within one "
-    "server), broadcast and barrier; keep gloo for other ops "
+    "all_gather_into_tensor_coalesced, all_reduce, reduce_scatter and reduce_scatter_tensor (sums), "
+    "broadcast and barrier; keep gloo for other ops "
     "(init_process_group(\"gloo\", ...), or backend=\"cpu:gloo\") and create the groups that gather with "
     "new_group(ranks, backend=\"fastgather\")";
 
@@ -353,8 +353,8 @@ class ProcessGroupFastgather : public c10d::Backend {
     return submit(work);
   }
 
-  // Sums within one server (fg::all_reduce, fg::reduce_scatter): every
-  // element summed in group-rank order, the same bits on every rank.
+  // Sums (fg::all_reduce, fg::reduce_scatter): every element summed in
+  // group-rank order, the same bits on every rank.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: all_reduce takes one tensor, got ", tensors.size());
     at::Tensor& t = tensors[0];

@@ -17,7 +17,7 @@ fastgather serves all_gather (uneven tensors too, within a server),
 all_gather_into_tensor, all_gather_coalesced, all_gather_into_tensor_coalesced
 (and so the functional collectives' all_gather_tensor), broadcast and barrier
 for CPU tensors of every dtype; all_reduce, reduce_scatter and
-reduce_scatter_tensor with ReduceOp.SUM within a server (float32, float16,
+reduce_scatter_tensor with ReduceOp.SUM (float32, float16,
 bfloat16, float64, int32, int64, complex; every rank gets the same bits);
 any other op raises NotImplementedError (a RuntimeError) naming it. Errors:
 wrong arguments are ValueError or TypeError; a lost peer, a timeout or an

@@ -134,10 +134,36 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
 
 }  // namespace
 
+namespace {
+CallPlan plan_gather(const GroupShape& g, const GatherCall& call);
+}  // namespace
+
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
-  if (call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce || call.op == OpCode::kMatmulReduceScatter) {
-    return plan_reduction(g, call);
+  const bool sums = call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce;
+  // Across servers a sum gathers every member's input (an all-gather whose
+  // header names the sum) and each member sums what it needs.
+  if (sums && g.topo.servers() > 1) {
+    if (call.schedule != Schedule::kAuto && call.schedule != Schedule::kOneShot) {
+      CallPlan p;
+      p.asked = call.schedule;
+      p.error = Status{ErrorKind::kUnsupported, fmt::format("{}: across servers {} runs one-shot (an all-gather of the "
+                                                            "inputs), not {}", g.label, op_name(call.op),
+                                                            to_string(call.schedule))};
+      return p;
+    }
+    GatherCall gather = call;
+    gather.schedule = Schedule::kAuto;
+    CallPlan p = plan_gather(g, gather);
+    p.asked = call.schedule;
+    return p;
   }
+  if (sums || call.op == OpCode::kMatmulReduceScatter) return plan_reduction(g, call);
+  return plan_gather(g, call);
+}
+
+namespace {
+
+CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
   const Settings& settings = *call.settings;
   const Topology& topo = g.topo;
   const bool spans = topo.servers() > 1;
@@ -188,6 +214,8 @@ CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
   p.in_place = g.heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline;
   return p;
 }
+
+}  // namespace
 
 // The header's `algo` byte: the schedule asked for (3 bits), the one planned
 // (3 bits) and the protocol (2 bits). Settings may differ between ranks
@@ -292,7 +320,8 @@ std::vector<PlanRow> plan_table() {
                    "symmetric heap", size_words(kInPlaceMinBytes), size_words(kInPlaceMinBytesCrowded)),
        "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
        "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
-      {fmt::format("sums (reduce_scatter, all_reduce; one server only): all_reduce of 3+ members, >= {} per member, "
+      {fmt::format("sums (reduce_scatter, all_reduce) within one server (across servers: the all-gather's rows, then "
+                   "the sums): all_reduce of 3+ members, >= {} per member, "
                    "two-shot or auto asked", size_words(kTwoShotMinBytes)),
        "schedule: two-shot", "each member sums its 1/n chunk of every input, then copies every other member's summed chunk",
        example_sum(OpCode::kAllReduce, kTwoShotMinBytes), example_group(one_server)},
