@@ -72,10 +72,13 @@ size_t net_piece_bytes(size_t bytes, size_t align, size_t configured) {
 
 namespace {
 
-// reduce_scatter and all_reduce: within one server, copy-in/copy-out (or
-// inline, or read in place from the heap); no single copy (a sum reads every
-// source once wherever it lies, so reading a peer's block into the own memory
-// first would only add a pass).
+CallPlan plan_gather(const GroupShape& g, const GatherCall& call);
+
+// reduce_scatter and all_reduce within one server, and the fused
+// matmul_reduce_scatter (one server only): copy-in/copy-out (or inline, or
+// read in place from the heap); no single copy (a sum reads every source once
+// wherever it lies, so reading a peer's block into the own memory first would
+// only add a pass).
 CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   CallPlan p;
   p.asked = call.schedule;
@@ -132,10 +135,6 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   return p;
 }
 
-}  // namespace
-
-namespace {
-CallPlan plan_gather(const GroupShape& g, const GatherCall& call);
 }  // namespace
 
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
