@@ -11,6 +11,7 @@
 #include <random>
 
 #include "fastgather/status.hpp"
+#include "fastgather/ops.hpp"
 #include "fastgather/tensor.hpp"
 #include "ops/convert.hpp"
 
@@ -69,6 +70,19 @@ TEST(Convert, BulkMatchesScalarForEveryDtype) {
       ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(expect)) << dtype_name(d) << " " << i;
     }
   }
+}
+
+// Empty views may hold no memory at all (a null pointer, as an empty
+// Tensor's): converting them is nothing to do, not undefined behaviour (the
+// sanitizer build checks); a null view with elements is refused.
+TEST(Convert, EmptyViewsWithoutMemoryAreFineAndNullOnesWithElementsRefused) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_TRUE(convert(TensorView(nullptr, DType::kF32, {0, 7}), TensorView(nullptr, d, {7, 0})).ok()) << dtype_name(d);
+  }
+  std::vector<float> four(4, 1.0f);
+  const Status s = convert(TensorView(nullptr, DType::kF32, {4}), TensorView(four.data(), DType::kF32, {4}));
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("null"), std::string::npos) << s.message();
 }
 
 TEST(Tensor, ShapesSizesAndNames) {

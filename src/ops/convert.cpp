@@ -43,7 +43,7 @@ bool have_f16c() {
 void to_float(DType dtype, const void* src, float* dst, size_t n) {
   switch (dtype) {
     case DType::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
+      if (n != 0) std::memcpy(dst, src, n * sizeof(float));
       return;
     case DType::kF16: {
       const auto* s = static_cast<const uint16_t*>(src);
@@ -66,7 +66,7 @@ void to_float(DType dtype, const void* src, float* dst, size_t n) {
 void from_float(DType dtype, const float* src, void* dst, size_t n) {
   switch (dtype) {
     case DType::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
+      if (n != 0) std::memcpy(dst, src, n * sizeof(float));
       return;
     case DType::kF16: {
       auto* d = static_cast<uint16_t*>(dst);
@@ -100,6 +100,11 @@ Status convert(const TensorView& src, const TensorView& dst) {
                                                      dst.describe(), dst.numel())};
   }
   const size_t n = static_cast<size_t>(src.numel());
+  if (n == 0) return Status::Ok();  // nothing to convert (empty views may hold no memory at all)
+  if (src.data == nullptr || dst.data == nullptr) {
+    return {ErrorKind::kInvalidArgument, fmt::format("convert: {} -> {}: a tensor of {} elements is null", src.describe(),
+                                                     dst.describe(), n)};
+  }
   if (src.dtype == dst.dtype) {
     std::memmove(dst.data, src.data, src.nbytes());
   } else if (dst.dtype == DType::kF32) {
