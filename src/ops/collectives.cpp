@@ -42,7 +42,7 @@ engine::Task<Status> gather_uneven(Group& group, const TensorView& input, std::v
   call.stream_out = algo::streams_out(total, impl_of(group)->settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = landing(member) + off;
-    if (dst != src) algo::copy_out(dst, src, len, call.stream_out);
+    if (src != dst) algo::copy_out(dst, src, len, call.stream_out);
   };
   co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, options.stats);
 }
