@@ -1,7 +1,5 @@
 #include "cases.hpp"
 
-#include <cblas.h>
-
 #include <stdexcept>
 #include <vector>
 
@@ -109,16 +107,6 @@ class AllGatherCase : public Case {
   std::vector<Buffers> sets_;
 };
 
-void store(DType d, const float* src, void* dst, size_t count) {
-  const int64_t n = static_cast<int64_t>(count);
-  (void)convert(TensorView(src, DType::kF32, {n}), TensorView(dst, d, {n}));
-}
-
-void sgemm(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k),
-              1.0f, a, static_cast<int>(k), b, static_cast<int>(n), 0.0f, c, static_cast<int>(n));
-}
-
 class AllGatherMatmulCase : public Case {
  public:
   AllGatherMatmulCase(Group& g, const CaseShape& s, bool fused) : g_(g), fused_(fused), k_(s.hidden), n_(s.n) {
@@ -135,7 +123,7 @@ class AllGatherMatmulCase : public Case {
     bytes_per_rank = x1_.front().nbytes();
     b_.resize(static_cast<size_t>(k_ * n_));
     for (size_t i = 0; i < b_.size(); ++i) b_[i] = exact_value(1000, 0, i);
-    store(dtype, b_.data(), x2_.data(), b_.size());
+    store_floats(dtype, b_.data(), x2_.data(), b_.size());
     for (size_t v = 0; v < x1_.size(); ++v) prepare(v);
   }
 
@@ -154,7 +142,7 @@ class AllGatherMatmulCase : public Case {
     lap("gather", &t);
     const size_t rows = static_cast<size_t>(m * g_.size());
     if (dtype == DType::kF32) {  // nothing to convert
-      if (rows != 0) sgemm(static_cast<int64_t>(rows), n_, k_, gather_.data_as<float>(), x2_.data_as<float>(), out_.data_as<float>());
+      if (rows != 0) sgemm_f32(static_cast<int64_t>(rows), n_, k_, gather_.data_as<float>(), x2_.data_as<float>(), out_.data_as<float>());
       lap("gemm", &t);
       return Status::Ok();
     }
@@ -165,7 +153,7 @@ class AllGatherMatmulCase : public Case {
     if (Status s = convert(gather_.view(), TensorView(a32_.data(), DType::kF32, {r, k_})); !s.ok()) return s;
     if (Status s = convert(x2_.view(), TensorView(b32_.data(), DType::kF32, {k_, n_})); !s.ok()) return s;
     lap("convert", &t);
-    if (rows != 0) sgemm(r, n_, k_, a32_.data(), b32_.data(), c32_.data());
+    if (rows != 0) sgemm_f32(r, n_, k_, a32_.data(), b32_.data(), c32_.data());
     lap("gemm", &t);
     if (Status s = convert(TensorView(c32_.data(), DType::kF32, {r, n_}), out_.view()); !s.ok()) return s;
     lap("convert", &t);
@@ -175,7 +163,7 @@ class AllGatherMatmulCase : public Case {
   void prepare(uint64_t it) override {
     std::vector<float> a(static_cast<size_t>(m * k_));
     fill_rows(g_.ranks()[g_.rank()], it, 0, m, a.data());
-    store(dtype, a.data(), x1_[it % x1_.size()].data(), a.size());
+    store_floats(dtype, a.data(), x1_[it % x1_.size()].data(), a.size());
   }
 
   std::string verify(uint64_t it) override {
@@ -188,13 +176,13 @@ class AllGatherMatmulCase : public Case {
         const int64_t rows = std::min(kBlock, m - r0);
         const int64_t grow = i * m + r0;  // row in the gathered matrix
         fill_rows(g_.ranks()[i], it, r0, rows, a.data());
-        store(dtype, a.data(), expect.data(), static_cast<size_t>(rows * k_));
+        store_floats(dtype, a.data(), expect.data(), static_cast<size_t>(rows * k_));
         if (std::memcmp(expect.data(), gather_.data_as<char>() + grow * k_ * elt, rows * k_ * elt) != 0) {
           return fmt::format("all_gather_matmul/{}: gather_out rows {}..{} (rank {}) differ from the input (iteration {})",
                              impl, grow, grow + rows, g_.ranks()[i], it);
         }
-        sgemm(rows, n_, k_, a.data(), b_.data(), c.data());
-        store(dtype, c.data(), expect.data(), static_cast<size_t>(rows * n_));
+        sgemm_f32(rows, n_, k_, a.data(), b_.data(), c.data());
+        store_floats(dtype, c.data(), expect.data(), static_cast<size_t>(rows * n_));
         if (std::memcmp(expect.data(), out_.data_as<char>() + grow * n_ * elt, rows * n_ * elt) != 0) {
           return fmt::format("all_gather_matmul/{}: output rows {}..{} differ from the reference GEMM (iteration {})",
                              impl, grow, grow + rows, it);
@@ -205,18 +193,7 @@ class AllGatherMatmulCase : public Case {
   }
 
   // The GEMM of the gathered matrix in fp32, at this machine's single-thread speed.
-  double compute_floor_us() override {
-    const int64_t rows = m * g_.size();
-    if (rows == 0) return 0;
-    std::vector<float> a(static_cast<size_t>(rows * k_), 0.5f), c(static_cast<size_t>(rows * n_));
-    double best = 1e300;
-    for (int i = 0; i < 5; ++i) {
-      auto t = Clock::now();
-      sgemm(rows, n_, k_, a.data(), b_.data(), c.data());
-      best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - t).count());
-    }
-    return best;
-  }
+  double compute_floor_us() override { return sgemm_floor_us(m * g_.size(), n_, k_, b_.data()); }
 
  private:
   void fill_rows(int rank, uint64_t it, int64_t r0, int64_t rows, float* dst) const {

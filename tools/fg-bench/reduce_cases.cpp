@@ -25,9 +25,31 @@ void fill_exact(DType dtype, void* dst, size_t count, int rank, uint64_t it) {
     if (dtype == DType::kF64) {
       for (size_t i = 0; i < m; ++i) reinterpret_cast<double*>(d)[i] = tmp[i];
     } else {
-      (void)convert(TensorView(tmp, DType::kF32, {static_cast<int64_t>(m)}), TensorView(d, dtype, {static_cast<int64_t>(m)}));
+      store_floats(dtype, tmp, d, m);
     }
   }
+}
+
+void store_floats(DType dtype, const float* src, void* dst, size_t count) {
+  const int64_t n = static_cast<int64_t>(count);
+  (void)convert(TensorView(src, DType::kF32, {n}), TensorView(dst, dtype, {n}));
+}
+
+void sgemm_f32(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k),
+              1.0f, a, static_cast<int>(k), b, static_cast<int>(n), 0.0f, c, static_cast<int>(n));
+}
+
+double sgemm_floor_us(int64_t rows, int64_t n, int64_t k, const float* b) {
+  if (rows == 0 || n == 0) return 0;
+  std::vector<float> a(static_cast<size_t>(rows * k), 0.5f), c(static_cast<size_t>(rows * n));
+  double best = 1e300;
+  for (int i = 0; i < 5; ++i) {
+    const auto t = std::chrono::steady_clock::now();
+    sgemm_f32(rows, n, k, a.data(), b, c.data());
+    best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
+  }
+  return best;
 }
 
 std::string check_exact_sums(DType dtype, const void* out, size_t first, size_t count, const std::vector<int>& ranks,
@@ -102,11 +124,6 @@ class ReduceCase : public Case {
   std::vector<Tensor> ins_, outs_;
 };
 
-void sgemm_f32(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k),
-              1.0f, a, static_cast<int>(k), b, static_cast<int>(n), 0.0f, c, static_cast<int>(n));
-}
-
 // x1 (m * size, hidden) @ x2 (hidden, n) on every rank, reduce-scattered
 // along rows into (m, n): fused, or the GEMM of the whole product in fp32,
 // then reduce_scatter of it, then rounding into the output.
@@ -124,7 +141,7 @@ class MatmulReduceScatterCase : public Case {
     bytes_per_rank = static_cast<size_t>(rows_ * n_) * sizeof(float);  // the product each rank reduce-scatters
     b_.resize(static_cast<size_t>(k_ * n_));
     for (size_t i = 0; i < b_.size(); ++i) b_[i] = exact_value(1000, 0, i);
-    fill_exact_f32_into(dtype, b_.data(), x2_.data(), b_.size());
+    store_floats(dtype, b_.data(), x2_.data(), b_.size());
     for (size_t v = 0; v < x1_.size(); ++v) prepare(v);
   }
 
@@ -176,7 +193,7 @@ class MatmulReduceScatterCase : public Case {
       for (size_t i = 0; i < c.size(); ++i) sum[i] += c[i];
     }
     std::vector<std::byte> expect(out_.nbytes());
-    fill_exact_f32_into(dtype, sum.data(), expect.data(), sum.size());
+    store_floats(dtype, sum.data(), expect.data(), sum.size());
     if (std::memcmp(expect.data(), out_.data(), expect.size()) != 0) {
       return fmt::format("matmul_reduce_scatter/{}: the output differs from the reference (iteration {})", impl, it);
     }
@@ -184,24 +201,9 @@ class MatmulReduceScatterCase : public Case {
   }
 
   // The GEMM of the whole product in fp32, at this machine's single-thread speed.
-  double compute_floor_us() override {
-    if (rows_ == 0 || n_ == 0) return 0;
-    std::vector<float> a(static_cast<size_t>(rows_ * k_), 0.5f), c(static_cast<size_t>(rows_ * n_));
-    double best = 1e300;
-    for (int i = 0; i < 5; ++i) {
-      auto t = Clock::now();
-      sgemm_f32(rows_, n_, k_, a.data(), b_.data(), c.data());
-      best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - t).count());
-    }
-    return best;
-  }
+  double compute_floor_us() override { return sgemm_floor_us(rows_, n_, k_, b_.data()); }
 
  private:
-  static void fill_exact_f32_into(DType d, const float* src, void* dst, size_t count) {
-    const int64_t n = static_cast<int64_t>(count);
-    (void)convert(TensorView(src, DType::kF32, {n}), TensorView(dst, d, {n}));
-  }
-
   Group& g_;
   bool fused_;
   int64_t k_, n_, rows_ = 0;

@@ -1,6 +1,7 @@
 // Values whose sums are known bit for bit, for the reductions' check mode
-// (and the fused op's inputs): every reduction fg-bench runs, fastgather's
-// and MPI's, is checked against the same expected sums.
+// (and the fused ops' inputs): every reduction fg-bench runs, fastgather's
+// and MPI's, is checked against the same expected sums; and the fp32 GEMM
+// the fused ops are checked and timed against.
 #pragma once
 
 #include <cstddef>
@@ -25,5 +26,14 @@ void fill_exact(DType dtype, void* dst, size_t count, int rank, uint64_t it);
 // every j < count; else the first wrong element, in words.
 std::string check_exact_sums(DType dtype, const void* out, size_t first, size_t count, const std::vector<int>& ranks,
                              uint64_t it, const std::string& what);
+
+// count floats as `dtype` (fp32, fp16 or bf16; round to nearest even).
+void store_floats(DType dtype, const float* src, void* dst, size_t count);
+// c (rows x n) = a (rows x k) @ b (k x n), row-major fp32: OpenBLAS, the
+// reference the fused ops' checks and their unfused rows use.
+void sgemm_f32(int64_t rows, int64_t n, int64_t k, const float* a, const float* b, float* c);
+// The best of five such GEMMs (a of 0.5s), in us: this machine's
+// single-thread floor for the fused ops' limit (0 when there is nothing to multiply).
+double sgemm_floor_us(int64_t rows, int64_t n, int64_t k, const float* b);
 
 }  // namespace fastgather::bench
