@@ -66,18 +66,27 @@ void fill(DType dtype, void* base, size_t count, int rank, uint64_t it) {
 
 // Element i of the sum over `world` ranks, stored at out as the op must
 // give it: in rank order, fp16/bf16 in fp32 rounded once, integers wrapping.
-void expected(DType dtype, void* out, size_t i, int world, uint64_t it) {
+// Across servers, hierarchical (`per_server` ranks on each server): each
+// server's ranks in rank order, then the servers' sums in server order.
+void expected(DType dtype, void* out, size_t i, int world, uint64_t it, int per_server) {
   alignas(8) std::byte x[8];
-  float f = 0;
-  double d = 0;
+  float f = 0, fs = 0;
+  double d = 0, ds = 0;
   uint64_t u = 0;
   for (int r = 0; r < world; ++r) {
     put(dtype, x, i, r, it);
+    const bool first = r % per_server == 0, last = r % per_server == per_server - 1;
     switch (dtype) {
-      case DType::kF64: d = r == 0 ? get(dtype, x) : d + get(dtype, x); break;
+      case DType::kF64:
+        ds = first ? get(dtype, x) : ds + get(dtype, x);
+        if (last) d = r < per_server ? ds : d + ds;
+        break;
       case DType::kI32: u += *reinterpret_cast<uint32_t*>(x); break;
       case DType::kI64: u += *reinterpret_cast<uint64_t*>(x); break;
-      default: f = r == 0 ? static_cast<float>(get(dtype, x)) : f + static_cast<float>(get(dtype, x)); break;
+      default:
+        fs = first ? static_cast<float>(get(dtype, x)) : fs + static_cast<float>(get(dtype, x));
+        if (last) f = r < per_server ? fs : f + fs;
+        break;
     }
   }
   switch (dtype) {
@@ -93,14 +102,14 @@ void expected(DType dtype, void* out, size_t i, int world, uint64_t it) {
 
 // Checks count elements at `got` (element `first` of the whole sum onward):
 // every bit as expected(), and floats within rounding of the float64 sum.
-std::string check_sum(DType dtype, const void* got, size_t first, size_t count, int world, uint64_t it) {
+std::string check_sum(DType dtype, const void* got, size_t first, size_t count, int world, uint64_t it, int per_server) {
   const size_t es = dtype_size(dtype);
   const bool floating = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF64;
   const double eps = dtype == DType::kF64 ? 1.2e-16 : dtype == DType::kF32 ? 6e-8 : dtype == DType::kF16 ? 4.9e-4 : 3.9e-3;
   for (size_t i = first; i < first + count; ++i) {
     const std::byte* g = static_cast<const std::byte*>(got) + (i - first) * es;
     alignas(8) std::byte want[8];
-    expected(dtype, want, i, world, it);
+    expected(dtype, want, i, world, it, per_server);
     if (std::memcmp(g, want, es) != 0) {
       return fmt::format("element {} of the sum ({}): got {}, want {}", i, dtype_name(dtype), get(dtype, g), get(dtype, want));
     }
@@ -144,11 +153,13 @@ Result<Tensor> make(Group& g, bool from_heap, DType dtype, size_t count) {
   return Tensor::allocate(dtype, {static_cast<int64_t>(count)});
 }
 
-std::string every_case(const Config& c, bool from_heap, Schedule all_reduce_schedule) {
-  auto comm = Communicator::create(c);
-  RANK_OK(comm.status());
-  Group& g = (*comm)->world();
+// per_server: ranks on each server of a hierarchical sum across servers,
+// which every call must have run (0: the sum in rank order).
+std::string every_case_on(Group& g, bool from_heap, Schedule all_reduce_schedule, int per_server = 0,
+                          Schedule reduce_scatter_schedule = Schedule::kAuto) {
   const int n = g.size();
+  if (per_server == 0) per_server = n;
+  const bool hierarchical = per_server != n;
   uint64_t it = 0;
   for (const Case& k : cases()) {
     const size_t es = dtype_size(k.dtype);
@@ -167,7 +178,8 @@ std::string every_case(const Config& c, bool from_heap, Schedule all_reduce_sche
       const TensorView dst = in_place ? in->view() : out->view();
       CallStats stats;
       RANK_OK(all_reduce(g, in->view(), dst, {.schedule = all_reduce_schedule, .stats = &stats}));
-      std::string bad = check_sum(k.dtype, dst.data, 0, k.count, n, it);
+      RANK_CHECK(!hierarchical || stats.schedule == Schedule::kHierarchical, "all_reduce ran {}", to_string(stats.schedule));
+      std::string bad = check_sum(k.dtype, dst.data, 0, k.count, n, it, per_server);
       RANK_CHECK(bad.empty(), "all_reduce {} x {}{} ({}, {}): {}", k.count, dtype_name(k.dtype), in_place ? " in place" : "",
                  to_string(stats.schedule), stats.protocol, bad);
       if (!in_place) {  // the input is untouched
@@ -191,13 +203,22 @@ std::string every_case(const Config& c, bool from_heap, Schedule all_reduce_sche
       }
       std::byte* mine = static_cast<std::byte*>(in->data()) + static_cast<size_t>(g.rank()) * k.count * es;
       const TensorView dst = own_chunk ? TensorView(mine, k.dtype, {static_cast<int64_t>(k.count)}) : out->view();
-      RANK_OK(reduce_scatter(g, in->view(), dst));
-      std::string bad = check_sum(k.dtype, dst.data, static_cast<size_t>(g.rank()) * k.count, k.count, n, it);
-      RANK_CHECK(bad.empty(), "reduce_scatter {} x {} per rank{}: {}", k.count, dtype_name(k.dtype),
-                 own_chunk ? " into the own chunk" : "", bad);
+      CallStats stats;
+      RANK_OK(reduce_scatter(g, in->view(), dst, {.schedule = reduce_scatter_schedule, .stats = &stats}));
+      RANK_CHECK(!hierarchical || stats.schedule == Schedule::kHierarchical, "reduce_scatter ran {}", to_string(stats.schedule));
+      std::string bad = check_sum(k.dtype, dst.data, static_cast<size_t>(g.rank()) * k.count, k.count, n, it, per_server);
+      RANK_CHECK(bad.empty(), "reduce_scatter {} x {} per rank{} ({}, {}): {}", k.count, dtype_name(k.dtype),
+                 own_chunk ? " into the own chunk" : "", to_string(stats.schedule), stats.protocol, bad);
     }
   }
   return "";
+}
+
+std::string every_case(const Config& c, bool from_heap, Schedule all_reduce_schedule, int per_server = 0,
+                       Schedule reduce_scatter_schedule = Schedule::kAuto) {
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  return every_case_on((*comm)->world(), from_heap, all_reduce_schedule, per_server, reduce_scatter_schedule);
 }
 
 }  // namespace
@@ -347,16 +368,105 @@ TEST(Reduce, ADeadPeerInTheMiddleOfAReductionIsFoundAtOnce) {
   EXPECT_TRUE(fgtest::segments_of(results).empty());
 }
 
-// Across servers (2 simulated servers, UCX over TCP loopback): every dtype
-// and size, every element as within a server, bit for bit; what is not
-// built there is refused on every member and the group goes on.
-TEST(Reduce, AcrossServersEveryDtypeAndSize) {
+// Across servers (simulated servers, UCX over TCP loopback): every dtype and
+// size, every element bit for bit as the hierarchical sum gives it (each
+// server's ranks, then the servers in order), or, one-shot asked, as within
+// a server; with one and with several ranks on each server.
+TEST(Reduce, AcrossServersHierarchicalEveryDtypeAndSize) {
+  fgtest::JobOptions opt;
+  opt.servers = 2;
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) { return every_case(c, false, Schedule::kAuto, 2); }, opt));
+}
+
+TEST(Reduce, AcrossServersHierarchicalFromTheHeap) {
+  fgtest::JobOptions opt;
+  opt.servers = 2;
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) { return every_case(c, true, Schedule::kHierarchical, 2,
+                                                                                     Schedule::kHierarchical); }, opt));
+}
+
+TEST(Reduce, AcrossServersOneRankEachServer) {
+  fgtest::JobOptions opt;
+  opt.servers = 3;
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return every_case(c, false, Schedule::kAuto, 1); }, opt));
+}
+
+TEST(Reduce, AcrossServersOneShotGathersTheInputs) {
+  fgtest::JobOptions opt;
+  opt.servers = 2;
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) {
+    return every_case(c, false, Schedule::kOneShot, 0, Schedule::kOneShot);
+  }, opt));
+}
+
+// 2 ranks on one server, 1 on the other: no hierarchical sum (refused when
+// asked for); auto gathers the inputs and sums in rank order.
+TEST(Reduce, AcrossServersUnevenServersGatherTheInputs) {
+  fgtest::JobOptions opt;
+  opt.servers = 2;
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Tensor x = Tensor::empty(DType::kF32, {1000});
+    Status s = all_reduce((*comm)->world(), x.view(), x.view(), {.schedule = Schedule::kHierarchical});
+    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("same number of members") != std::string::npos,
+               "{}", s.to_string());
+    return every_case_on((*comm)->world(), false, Schedule::kAuto);
+  }, opt));
+}
+
+// A mismatch between servers (rank 3 sums more elements; its server's ranks
+// agree with each other, and so do the first server's) is named on every
+// member, with both sizes.
+TEST(Reduce, AcrossServersAMismatchIsNamedOnEveryMember) {
   fgtest::JobOptions opt;
   opt.servers = 2;
   fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) -> std::string {
-    if (std::string bad = every_case(c, false, Schedule::kAuto); !bad.empty()) return bad;
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Tensor x = Tensor::empty(DType::kF32, {g.rank() >= 2 ? 4000 : 3000});
+    Status s = all_reduce(g, x.view(), x.view());
+    // Whoever received a larger message than it expected reads what its
+    // sender saw (the sender received a smaller one, with its header).
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "{}", s.to_string());
+    RANK_CHECK(s.message().find("all_reduce") != std::string::npos && s.message().find("12000") != std::string::npos &&
+                   s.message().find("16000") != std::string::npos,
+               "{}", s.to_string());
+    RANK_CHECK(!all_reduce(g, x.view(), x.view()).ok(), "a failed group across servers must stay failed");
     return "";
   }, opt));
+}
+
+// A rank killed while its server's members and the other server's are inside
+// a hierarchical all_reduce: every other member learns it at once.
+TEST(Reduce, AcrossServersADeadPeerInTheMiddleIsFoundAtOnce) {
+  fgtest::JobOptions opt;
+  opt.servers = 2;
+  auto results = fgtest::run_job(4, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    Tensor x = Tensor::empty(DType::kF32, {1 << 20});
+    for (int i = 0; i < 10; ++i) RANK_OK(all_reduce(g, x.view(), x.view()));
+    if (c.rank == 3) {
+      std::this_thread::sleep_for(50ms);  // the others are inside the next call
+      ::raise(SIGKILL);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    CallStats stats;
+    Status s = all_reduce(g, x.view(), x.view(), {.stats = &stats});
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // Rank 3's server learns it from rank 3's pidfd; the other server, from
+    // its partner there (rank 2 leaves the call), a lost rank either way.
+    RANK_CHECK(s.kind() == ErrorKind::kPeerLost, "{}", s.to_string());
+    RANK_CHECK(s.message().find(c.rank == 2 ? "rank 3" : "rank ") != std::string::npos, "{}", s.to_string());
+    RANK_CHECK(ms < 2000, "noticed after {:.0f} ms", ms);
+    return "";
+  }, opt);
+  EXPECT_EQ(results[3].signal, SIGKILL);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << results[r].error;
+  EXPECT_TRUE(fgtest::segments_of(results).empty());
 }
 
 TEST(Reduce, AcrossServersWhatIsNotBuiltIsRefusedOnEveryMember) {
@@ -368,7 +478,7 @@ TEST(Reduce, AcrossServersWhatIsNotBuiltIsRefusedOnEveryMember) {
     Group& g = (*comm)->world();
     Tensor x = Tensor::empty(DType::kF32, {1000});
     Status s = all_reduce(g, x.view(), x.view(), {.schedule = Schedule::kTwoShot});
-    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("runs one-shot") != std::string::npos, "{}",
+    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("not two-shot") != std::string::npos, "{}",
                s.to_string());
     Tensor x1 = Tensor::empty(DType::kF32, {8, 4});
     Tensor x2 = Tensor::empty(DType::kF32, {4, 4});

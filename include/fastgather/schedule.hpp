@@ -16,6 +16,8 @@ enum class Schedule : uint8_t {
   // Across servers (within one server both run as the one-shot):
   kDirect,        // every member sends its block to every member on other servers
   kHierarchical,  // gather within servers, leaders exchange, relay within servers
+  // (sums: reduce within servers, exchange partial sums, spread within; their
+  // one-shot across servers: an all-gather of the inputs, then the sums)
   // all_reduce within a server: reduce-scatter (each member sums one chunk
   // of everyone's input), then all-gather of the sums. Its one-shot: every
   // member sums all of everyone's input.

@@ -29,14 +29,6 @@ struct Expected {
   PostHeader header;
 };
 
-// The pieces of one member's block.
-struct Pieces {
-  size_t bytes, piece;
-  uint32_t count() const { return bytes == 0 ? 1 : static_cast<uint32_t>((bytes + piece - 1) / piece); }
-  size_t offset(uint32_t p) const { return static_cast<size_t>(p) * piece; }
-  size_t length(uint32_t p) const { return std::min(piece, bytes - offset(p)); }
-};
-
 class Across {
  public:
   Across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
@@ -161,17 +153,11 @@ class Across {
     auto c = co_await engine::any_receive(net_);
     if (!c.ok()) co_return c.status();
     const Expected& e = expected_[static_cast<size_t>(c.value().token)];
-    const size_t want = sizeof(PostHeader) + pieces_.length(e.piece);
-    if (c.value().length < sizeof(PostHeader) || !e.header.same_call(mine_) || c.value().length != want) {
-      std::string theirs = c.value().length < sizeof(PostHeader)
-                               ? fmt::format("a {}-byte message", c.value().length)
-                               : describe(call_, e.header, &mine_);
+    Status s = check_message(net_, call_, mine_, e.header, c.value().length, pieces_.length(e.piece),
+                             {.owner = e.owner, .piece = e.piece, .what = "block"});
+    if (!s.ok()) {
       headers_compared = c.value().length >= sizeof(PostHeader);
-      co_return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent {} (piece {} of rank {}'s block), rank {} expected {}",
-                                                      net_.label(), net_.world_rank(e.owner), theirs, e.piece,
-                                                      net_.world_rank(e.owner), net_.world_rank(me()),
-                                                      describe(call_, mine_, headers_compared ? &e.header : nullptr)),
-                    net_.world_rank(e.owner)};
+      co_return s;
     }
     co_return &e;
   }
@@ -296,6 +282,19 @@ class Across {
 };
 
 }  // namespace
+
+Status check_message(const NetChannel& net, const GatherCall& call, const PostHeader& mine, const PostHeader& theirs,
+                     size_t length, size_t want, MessageOf of) {
+  if (length >= sizeof(PostHeader) && theirs.same_call(mine) && length == sizeof(PostHeader) + want) return Status::Ok();
+  const bool has_header = length >= sizeof(PostHeader);
+  const std::string sent = has_header ? describe(call, theirs, &mine) : fmt::format("a {}-byte message", length);
+  const int from = net.world_rank(of.owner);
+  return Status{ErrorKind::kMismatch,
+                fmt::format("{}: rank {} sent {} (piece {} of rank {}'s {}), rank {} expected {}", net.label(), from, sent,
+                            of.piece, from, of.what, net.world_rank(net.me()),
+                            describe(call, mine, has_header ? &theirs : nullptr)),
+                from};
+}
 
 engine::Task<Status> gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
                                    const CallPlan& plan, PieceSink sink) {

@@ -2,7 +2,9 @@
 // on this server (allgather.hpp), UCX to the others (transport/net_channel).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "algo/allgather.hpp"
@@ -13,6 +15,26 @@ namespace fastgather::algo {
 
 // Runs `plan` (plan_call's for this call: direct or hierarchical). On failure both channels are broken, so every later call
 // on the group fails at once. A coroutine, like gather().
+// The pieces one block is sent in (UCX messages of at most `piece` bytes;
+// an empty block is one piece: the header alone).
+struct Pieces {
+  size_t bytes, piece;
+  uint32_t count() const { return bytes == 0 ? 1 : static_cast<uint32_t>((bytes + piece - 1) / piece); }
+  size_t offset(uint32_t p) const { return static_cast<size_t>(p) * piece; }
+  size_t length(uint32_t p) const { return std::min(piece, bytes - offset(p)); }
+};
+
+// Whether a message received for this call (a PostHeader, then `want`
+// bytes; `length` in all) is what this member expects: a kMismatch naming
+// both sides' calls otherwise. `of` says whose piece it is, for the words.
+struct MessageOf {
+  int owner;         // the member whose bytes it carries
+  uint32_t piece;
+  const char* what;  // "block", "partial sums"
+};
+Status check_message(const transport::NetChannel& net, const GatherCall& call, const transport::PostHeader& mine,
+                     const transport::PostHeader& theirs, size_t length, size_t want, MessageOf of);
+
 engine::Task<Status> gather_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
                                    GatherCall call, const CallPlan& plan, PieceSink sink);
 

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "algo/reduce_net.hpp"
 #include "fastgather/dtype.hpp"
 
 namespace fastgather::algo {
@@ -135,25 +136,62 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   return p;
 }
 
+// A sum across servers with the same members on every server: the local
+// phase is planned as the reduce-scatter (produced pieces: the slabs are
+// made from the chunks where they lie) or two-shot's first half on one
+// server of this server's members; the exchange in network pieces.
+CallPlan plan_sum_across(const GroupShape& g, const GatherCall& call) {
+  GroupShape server = g;
+  server.topo = Topology::of(std::vector<int>(static_cast<size_t>(g.topo.local_count()), 0), 0);
+  GatherCall local = call;
+  local.schedule = call.op == OpCode::kAllReduce ? Schedule::kTwoShot : Schedule::kAuto;
+  if (call.op == OpCode::kReduceScatter) local.op = OpCode::kMatmulReduceScatter;
+  CallPlan p = plan_reduction(server, local);
+  p.asked = call.schedule;
+  p.schedule = Schedule::kHierarchical;
+  if (!p.error.ok()) p.error = Status{ErrorKind::kUnsupported, fmt::format("{} (across servers, within each)", p.error.message())};
+  p.net_piece = net_piece_bytes(exchanged_bytes(g.topo, call), call.align, call.settings->net_piece_bytes);
+  return p;
+}
+
+bool same_members_per_server(const Topology& topo) {
+  for (int s = 1; s < topo.servers(); ++s) {
+    if (topo.first[s + 1] - topo.first[s] != topo.first[1]) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
   const bool sums = call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce;
-  // Across servers a sum gathers every member's input (an all-gather whose
-  // header names the sum) and each member sums what it needs.
   if (sums && g.topo.servers() > 1) {
-    if (call.schedule != Schedule::kAuto && call.schedule != Schedule::kOneShot) {
+    const bool even = same_members_per_server(g.topo);
+    auto refuse = [&](std::string why) {
       CallPlan p;
       p.asked = call.schedule;
-      p.error = Status{ErrorKind::kUnsupported, fmt::format("{}: across servers {} runs one-shot (an all-gather of the "
-                                                            "inputs), not {}", g.label, op_name(call.op),
-                                                            to_string(call.schedule))};
+      p.error = Status{ErrorKind::kUnsupported, fmt::format("{}: across servers {} {}", g.label, op_name(call.op), why)};
       return p;
+    };
+    switch (call.schedule) {
+      case Schedule::kAuto:
+        if (even) return plan_sum_across(g, call);
+        break;
+      case Schedule::kHierarchical:
+        if (even) return plan_sum_across(g, call);
+        return refuse("runs hierarchical only with the same number of members on every server");
+      case Schedule::kOneShot: break;
+      default:
+        return refuse(fmt::format("runs hierarchical (reduce within servers, exchange, spread) or one-shot (an "
+                                  "all-gather of the inputs), not {}", to_string(call.schedule)));
     }
+    // One-shot: every member's input gathered (an all-gather whose header
+    // names the sum), and each member sums what it needs.
     GatherCall gather = call;
     gather.schedule = Schedule::kAuto;
     CallPlan p = plan_gather(g, gather);
     p.asked = call.schedule;
+    p.gathers_inputs = true;
     return p;
   }
   if (sums || call.op == OpCode::kMatmulReduceScatter) return plan_reduction(g, call);
@@ -279,10 +317,10 @@ GatherCall example_call(size_t bytes, Schedule asked = Schedule::kAuto, bool kee
   return c;
 }
 
-GatherCall example_sum(OpCode op, size_t bytes) {
-  GatherCall c;
+// keeps: as the one-shot across servers calls the all-gather (its inputs kept).
+GatherCall example_sum(OpCode op, size_t bytes, bool keeps = false) {
+  GatherCall c = example_call(bytes, Schedule::kAuto, keeps);
   c.op = op;
-  c.bytes = bytes;
   c.align = 4;
   return c;
 }
@@ -319,9 +357,17 @@ std::vector<PlanRow> plan_table() {
                    "symmetric heap", size_words(kInPlaceMinBytes), size_words(kInPlaceMinBytesCrowded)),
        "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
        "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
-      {fmt::format("sums (reduce_scatter, all_reduce) within one server (across servers: the all-gather's rows, then "
-                   "the sums): all_reduce of 3+ members, >= {} per member, "
-                   "two-shot or auto asked", size_words(kTwoShotMinBytes)),
+      {"sums (reduce_scatter, all_reduce) across servers, as many members on every server, auto or hierarchical "
+       "asked", "schedule: hierarchical",
+       "each member sums 1/L of its server's inputs (L members; fp16/bf16 in fp32), exchanges these partial sums "
+       "with the same member of every other server and sums them in server order; all_reduce: the sums shared within "
+       "the server", example_sum(OpCode::kAllReduce, 4096), example_group(two_servers)},
+      {"sums across servers, one-shot asked or servers with different numbers of members",
+       "the all-gather's rows above for the inputs, then each member's sums",
+       "every input to every member on another server", example_sum(OpCode::kReduceScatter, 4096, true),
+       example_group({0, 0, 1})},
+      {fmt::format("sums within one server: all_reduce of 3+ members, >= {} per member, two-shot or auto asked",
+                   size_words(kTwoShotMinBytes)),
        "schedule: two-shot", "each member sums its 1/n chunk of every input, then copies every other member's summed chunk",
        example_sum(OpCode::kAllReduce, kTwoShotMinBytes), example_group(one_server)},
       {"sums, otherwise", "schedule: one-shot",

@@ -5,6 +5,7 @@
 
 #include "algo/copy_in.hpp"
 #include "algo/lockstep.hpp"
+#include "algo/reduce_steps.hpp"
 
 namespace fastgather::algo {
 
@@ -24,14 +25,10 @@ namespace {
 
 size_t part(size_t size, size_t off, size_t most) { return size > off ? std::min(most, size - off) : 0; }
 
-// Every member sends each peer its piece of the peer's chunk, a piece per
-// peer in each step, and sums the pieces of its own chunk as they come:
-// chunk m of every input (first(m), size(m)) is summed by member m, its
-// result at `at` + offset within the chunk. The own chunk never enters the
-// ring. With `produce`, the pieces are made as they are sent (see
-// reduce_scatter_produced) instead of read from call.input.
-engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at, Sum sum, const Produce* produce = nullptr,
-                                  std::byte* scratch = nullptr) {
+}  // namespace
+
+engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at, Sum sum, const Produce* produce,
+                                  std::byte* scratch) {
   transport::ShmChannel& ch = st.ch;
   const GatherCall& call = st.call;
   const int n = ch.members();
@@ -82,7 +79,6 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
   co_return Status::Ok();
 }
 
-// Two-shot's second half: each member's summed chunk to every peer.
 engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* out) {
   transport::ShmChannel& ch = st.ch;
   const int me = ch.me();
@@ -100,6 +96,8 @@ engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* 
   }
   co_return Status::Ok();
 }
+
+namespace {
 
 // Every member sums all of everyone's input, a step at a time.
 engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "algo/reduce.hpp"
+#include "algo/reduce_net.hpp"
 #include "core/group_impl.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/request.hpp"
@@ -30,11 +31,11 @@ Status check_sum_args(Group& group, const char* op, const TensorView& input, con
   return Status::Ok();
 }
 
-// Across servers: every member's input gathered (the plan's all-gather,
-// its header naming the sum), then this member's sums, in member order as
-// within a server. n times the bytes of a sum moved: correct, and as fast
-// as one all-gather; a hierarchical sum is not built yet.
-engine::Task<Status> reduce_across(Group& group, algo::GatherCall call, std::byte* out, CallStats* stats) {
+// Across servers, one-shot (asked for, or the members are not as many on
+// every server): every member's input gathered (the plan's all-gather, its
+// header naming the sum), then this member's sums, in member order as
+// within a server; n times the bytes of the hierarchical sum moved.
+engine::Task<Status> gather_and_sum(Group& group, algo::GatherCall call, std::byte* out, CallStats* stats) {
   const size_t n = static_cast<size_t>(group.size());
   const size_t bytes = call.bytes;
   auto all = Tensor::allocate(DType::kU8, {static_cast<int64_t>(n * bytes)});
@@ -59,10 +60,40 @@ engine::Task<Status> reduce_across(Group& group, algo::GatherCall call, std::byt
   co_return Status::Ok();
 }
 
+// Across servers, hierarchical (algo/reduce_net.hpp): partial sums in fp32
+// for fp16/bf16, so that the result is rounded once.
+engine::Task<Status> sum_across(Group& group, algo::GatherCall call, const algo::CallPlan& plan, std::byte* out,
+                                CallStats* stats) {
+  Group::Impl& i = *impl_of(group);
+  const DType dtype = static_cast<DType>(call.dtype);
+  auto partial = [dtype](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
+    ops::sum_partial(dtype, dst, srcs, n, bytes);
+  };
+  auto of_partials = [dtype](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
+    ops::sum_partials(dtype, dst, srcs, n, bytes);
+  };
+  algo::GatherStats st;
+  call.stats = &st;
+  const bool was_broken = ops::across_broken(i);
+  Status s = co_await algo::sum_across(*i.channel, *i.net, i.shape.topo, call, plan, out,
+                                       {.partial = partial, .of_partials = of_partials, .widen = ops::widening(dtype)});
+  s = ops::explain_across(i, std::move(s), was_broken, st.headers_compared);
+  if (stats != nullptr) {
+    *stats = {};
+    stats->schedule = plan.schedule;
+    stats->protocol = algo::protocol_name(plan.protocol);
+    stats->piece_bytes = plan.piece;
+    stats->intra_ns = st.intra_ns;
+    stats->inter_ns = st.inter_ns;
+  }
+  co_return s;
+}
+
 engine::Task<Status> run_reduce(Group& group, algo::GatherCall call, std::byte* out, CallStats* stats) {
   Group::Impl& i = *impl_of(group);
-  if (i.net != nullptr) co_return co_await reduce_across(group, call, out, stats);
   const algo::CallPlan plan = ops::plan_for(group, call);
+  if (i.net != nullptr && plan.gathers_inputs) co_return co_await gather_and_sum(group, call, out, stats);
+  if (i.net != nullptr) co_return co_await sum_across(group, call, plan, out, stats);
   const DType dtype = static_cast<DType>(call.dtype);
   auto sum = [dtype, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
     ops::sum(dtype, out + offset, srcs, n, bytes);

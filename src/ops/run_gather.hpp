@@ -21,6 +21,25 @@ inline algo::CallPlan plan_for(Group& g, algo::GatherCall& call) {
   return algo::plan_call(impl_of(g)->shape, call);
 }
 
+inline bool across_broken(Group::Impl& i) { return !i.net->broken().ok() || !i.channel->broken().ok(); }
+
+// The words for a call across servers that failed (was_broken: the group
+// had failed before it). Says what this member saw at once, if it names both
+// calls (headers_compared); otherwise what another member saw may say more
+// (a truncated message has no header; a lost peer may have left over a
+// mismatch it saw).
+inline Status explain_across(Group::Impl& i, Status s, bool was_broken, bool headers_compared) {
+  if (s.ok() || was_broken || (s.kind() != ErrorKind::kMismatch && s.kind() != ErrorKind::kPeerLost)) return s;
+  const bool told = s.kind() == ErrorKind::kMismatch && headers_compared;
+  if (told) i.publish_failure(s);
+  if (auto why = told ? std::nullopt : i.published_failure(); why && why->message() != s.message()) {
+    s = s.kind() == ErrorKind::kPeerLost ? Status{why->kind(), fmt::format("{} (after: {})", why->message(), s.message())}
+                                         : Status{s.kind(), fmt::format("{}; {}", s.message(), why->message())};
+  }
+  if (!told && s.kind() == ErrorKind::kMismatch) i.publish_failure(s);
+  return s;
+}
+
 // Runs `plan` (plan_for's for this call) on the group: within one server, or
 // across. stats, when set, says how it ran and where the time went. A
 // coroutine: `sink` must outlive it.
@@ -37,19 +56,9 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Ca
     s = co_await algo::gather(*i.channel, call, plan, sink);
     st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   } else {
-    const bool was_broken = !i.net->broken().ok() || !i.channel->broken().ok();
+    const bool was_broken = across_broken(i);
     s = co_await algo::gather_across(*i.channel, *i.net, i.shape.topo, call, plan, sink);
-    if (!s.ok() && !was_broken && (s.kind() == ErrorKind::kMismatch || s.kind() == ErrorKind::kPeerLost)) {
-      // Say what we saw at once, if it names both calls; otherwise what
-      // another member saw may say more (a truncated message has no header).
-      const bool told = s.kind() == ErrorKind::kMismatch && st.headers_compared;
-      if (told) i.publish_failure(s);
-      if (auto why = told ? std::nullopt : i.published_failure(); why && why->message() != s.message()) {
-        s = s.kind() == ErrorKind::kPeerLost ? Status{why->kind(), fmt::format("{} (after: {})", why->message(), s.message())}
-                                             : Status{s.kind(), fmt::format("{}; {}", s.message(), why->message())};
-      }
-      if (!told && s.kind() == ErrorKind::kMismatch) i.publish_failure(s);
-    }
+    s = explain_across(i, std::move(s), was_broken, st.headers_compared);
   }
   if (stats != nullptr) {
     // Single copy that fell back ran copy-in/copy-out.

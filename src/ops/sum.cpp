@@ -105,7 +105,46 @@ void sum_as(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes,
   f(reinterpret_cast<T*>(dst), srcs, n, bytes / sizeof(T));
 }
 
+// fp16/bf16 summed into fp32 (to_float: bf16 exactly, fp16 as sum_f16 does).
+void sum_widened(DType dtype, float* dst, const std::byte* const* s, int n, size_t count) {
+  float next[kBlock];
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t m = std::min(kBlock, count - at);
+    float* acc = dst + at;
+    to_float(dtype, as<uint16_t>(s[0]) + at, acc, m);
+    for (int j = 1; j < n; ++j) {
+      to_float(dtype, as<uint16_t>(s[j]) + at, next, m);
+      add_f32(acc, next, m);
+    }
+  }
+}
+
+// fp32 partials summed and rounded once to fp16/bf16.
+void sum_narrowed(DType dtype, uint16_t* dst, const std::byte* const* s, int n, size_t count) {
+  float acc[kBlock];
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t m = std::min(kBlock, count - at);
+    std::memcpy(acc, as<float>(s[0]) + at, m * sizeof(float));
+    for (int j = 1; j < n; ++j) add_f32(acc, as<float>(s[j]) + at, m);
+    from_float(dtype, acc, dst + at, m);
+  }
+}
+
+bool half(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
+
 }  // namespace
+
+size_t widening(DType dtype) { return half(dtype) ? 2 : 1; }
+
+void sum_partial(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
+  if (!half(dtype)) return sum(dtype, dst, srcs, n, bytes);
+  sum_widened(dtype, reinterpret_cast<float*>(dst), srcs, n, bytes / 2);
+}
+
+void sum_partials(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
+  if (!half(dtype)) return sum(dtype, dst, srcs, n, bytes);
+  sum_narrowed(dtype, reinterpret_cast<uint16_t*>(dst), srcs, n, bytes / 2);
+}
 
 bool summable(DType dtype) {
   switch (dtype) {

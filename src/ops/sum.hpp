@@ -16,4 +16,14 @@ bool summable(DType dtype);
 // dst may be one of the sources; n >= 1; bytes a multiple of the element.
 void sum(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes);
 
+// A sum in two parts (across servers: each server's partial sum, then the
+// sum of the partials), with the bits of one: fp16 and bf16 partials stay in
+// fp32, which is `widening` (2) times their bytes; other dtypes are their own
+// partials (1). `bytes` is in the dtype's bytes for both.
+size_t widening(DType dtype);
+// dst (fp32 for fp16/bf16) = srcs[0] + ... + srcs[n-1] of the dtype, unrounded.
+void sum_partial(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes);
+// dst (the dtype) = partials srcs[0] + ... + srcs[n-1], rounded once.
+void sum_partials(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes);
+
 }  // namespace fastgather::ops

@@ -1,0 +1,224 @@
+#include "algo/reduce_net.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "algo/allgather_net.hpp"
+#include "algo/lockstep.hpp"
+#include "algo/reduce_steps.hpp"
+#include "engine/waits.hpp"
+
+namespace fastgather::algo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using transport::NetChannel;
+using transport::NetIov;
+using transport::PostHeader;
+using transport::ShmChannel;
+
+double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
+
+bool scatters(const GatherCall& call) { return call.op == OpCode::kReduceScatter; }
+
+// Which bytes this member sums and exchanges (in the dtype's bytes).
+struct Layout {
+  Layout(const Topology& topo, const GatherCall& call)
+      : servers(topo.servers()), locals(topo.local_count()),
+        slabs(scatters(call) ? Chunks::equal(call.bytes, locals) : Chunks(call.bytes, locals, call.align)),
+        chunk(call.bytes / static_cast<size_t>(servers * locals)) {}
+  int servers, locals;
+  Chunks slabs;  // slab j: what local member j sums within the server
+  size_t chunk;  // reduce_scatter: each member's chunk of the result
+  // The partial sums member j of server t receives from this member: where
+  // they lie in this member's slab, and how many bytes.
+  size_t sent_from(bool scatter, int t) const { return scatter ? static_cast<size_t>(t) * chunk : 0; }
+  size_t result(bool scatter, int j) const { return scatter ? chunk : slabs.size(j); }
+};
+
+class SumAcross {
+ public:
+  SumAcross(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
+            std::byte* out, SumsAcross sums)
+      : local_(local), net_(net), topo_(topo), call_(call), plan_(plan), out_(out), sums_(sums), layout_(topo, call),
+        scatter_(scatters(call)), j_(net.me() - topo.first[topo.mine]), mine_(header_of(call, plan)),
+        pieces_{layout_.result(scatter_, j_), plan.net_piece} {}
+
+  engine::Task<Status> run() {
+    const uint32_t callno = net_.next_call();
+    Status s = co_await exchange(callno);
+    if (!s.ok()) {
+      net_.fail(s);
+      local_.abort(s);
+    }
+    co_return s;
+  }
+
+  double intra_ns = 0;
+  bool headers_compared = false;
+
+ private:
+  int member_on(int server) const { return topo_.first[server] + j_; }
+  size_t wide(size_t bytes) const { return bytes * sums_.widen; }
+
+  engine::Task<Status> exchange(uint32_t callno) {
+    const int S = layout_.servers, me_server = topo_.mine;
+    const size_t result = pieces_.bytes;
+    // Room for every server's partial sums (this server's slot stays unused).
+    received_.reset(new std::byte[std::max<size_t>(wide(result) * static_cast<size_t>(S), 1)]);
+    headers_.assign(static_cast<size_t>(S - 1) * pieces_.count(), PostHeader{});
+    int token = 0;
+    for (int t = 0; t < S; ++t) {
+      if (t == me_server) continue;
+      for (uint32_t p = 0; p < pieces_.count(); ++p, ++token) {
+        NetIov iov[2] = {{&headers_[static_cast<size_t>(token)], sizeof(PostHeader)},
+                         {slot(t) + wide(pieces_.offset(p)), wide(pieces_.length(p))}};
+        if (Status s = net_.recv(member_on(t), member_on(t), callno, p, std::span(iov, result == 0 ? 1 : 2), token);
+            !s.ok()) {
+          co_return s;
+        }
+      }
+    }
+
+    CallState st(local_, call_, plan_);
+    const auto t0 = Clock::now();
+    if (Status s = co_await partial_sums(st); !s.ok()) {
+      headers_compared = s.kind() == ErrorKind::kMismatch;  // the server's members compared theirs
+      co_return s;
+    }
+    intra_ns += ns_since(t0);
+
+    for (int t = 0; t < S; ++t) {
+      if (t == me_server) continue;
+      const std::byte* from = partial_ + wide(layout_.sent_from(scatter_, t));
+      for (uint32_t p = 0; p < pieces_.count(); ++p) {
+        NetIov iov[2] = {{const_cast<PostHeader*>(&mine_), sizeof(PostHeader)},
+                         {const_cast<std::byte*>(from) + wide(pieces_.offset(p)), wide(pieces_.length(p))}};
+        if (Status s = net_.send(member_on(t), net_.me(), callno, p, std::span(iov, result == 0 ? 1 : 2)); !s.ok()) {
+          co_return s;
+        }
+      }
+    }
+
+    // Each piece is summed once every other server's part of it is here.
+    std::vector<int> arrived(pieces_.count(), 0);
+    std::vector<const std::byte*> srcs(static_cast<size_t>(S));
+    std::byte* result_at = out_ + (scatter_ ? 0 : layout_.slabs.first(j_));
+    for (size_t left = headers_.size(); left > 0; --left) {
+      auto c = co_await engine::any_receive(net_);
+      if (!c.ok()) co_return c.status();
+      const int tok = c.value().token;
+      const uint32_t p = static_cast<uint32_t>(tok) % pieces_.count();
+      int t = tok / static_cast<int>(pieces_.count());
+      t += t >= me_server ? 1 : 0;
+      if (Status s = check_message(net_, call_, mine_, headers_[static_cast<size_t>(tok)], c.value().length,
+                                   wide(pieces_.length(p)), {.owner = member_on(t), .piece = p, .what = "partial sums"});
+          !s.ok()) {
+        headers_compared = c.value().length >= sizeof(PostHeader);
+        co_return s;
+      }
+      if (++arrived[p] < S - 1 || result == 0) continue;
+      const size_t off = pieces_.offset(p);
+      for (int u = 0; u < S; ++u) {
+        srcs[static_cast<size_t>(u)] = u == me_server ? partial_ + wide(layout_.sent_from(scatter_, u) + off) : slot(u) + wide(off);
+      }
+      sums_.of_partials(result_at + off, srcs.data(), S, pieces_.length(p));
+    }
+    if (Status s = co_await engine::sends_done(net_); !s.ok()) co_return s;
+
+    if (!scatter_ && layout_.locals > 1) {
+      const auto t1 = Clock::now();
+      Status s = co_await share_sums(st, layout_.slabs, out_);
+      intra_ns += ns_since(t1);
+      if (!s.ok()) co_return s;
+    }
+    if (st.in_place) co_return co_await done_reading(st);
+    co_return Status::Ok();
+  }
+
+  std::byte* slot(int server) const { return received_.get() + wide(pieces_.bytes) * static_cast<size_t>(server); }
+
+  // Step 1: this server's partial sums of this member's slab, at partial_.
+  engine::Task<Status> partial_sums(CallState& st) {
+    const size_t slab = layout_.slabs.size(j_);
+    if (layout_.locals == 1) {
+      // The slab is the input. It is sent as it is unless it must be widened,
+      // or an all_reduce in place would overwrite it while it is being sent.
+      if (sums_.widen == 1 && (scatter_ || out_ != call_.input)) {
+        partial_ = call_.input;
+        co_return Status::Ok();
+      }
+      own_.reset(new std::byte[std::max<size_t>(wide(slab), 1)]);
+      if (slab != 0) sums_.partial(own_.get(), &call_.input, 1, slab);
+      partial_ = own_.get();
+      co_return Status::Ok();
+    }
+    own_.reset(new std::byte[std::max<size_t>(wide(slab), 1) + (scatter_ ? plan_.piece : 0)]);
+    partial_ = own_.get();
+    std::byte* partials = own_.get();
+    auto sum = [&](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
+      sums_.partial(partials + wide(offset), srcs, n, bytes);
+    };
+    FunctionRef<void(size_t, const std::byte* const*, int, size_t)> sum_ref(sum);
+    if (!scatter_) co_return co_await scatter_sums(st, layout_.slabs, 0, sum_ref);
+    // Slab d holds the chunks of members d, L+d, 2L+d, ...: byte x of it is
+    // byte x % chunk of chunk (x / chunk) * L + d of the input.
+    const size_t chunk = layout_.chunk;
+    const size_t locals = static_cast<size_t>(layout_.locals);
+    auto produce = [&](int d, size_t offset, size_t len, std::byte* dst) {
+      while (len != 0) {
+        const size_t t = offset / chunk, within = offset % chunk, take = std::min(len, chunk - within);
+        std::memcpy(dst, call_.input + (t * locals + static_cast<size_t>(d)) * chunk + within, take);
+        dst += take;
+        offset += take;
+        len -= take;
+      }
+    };
+    Produce produce_ref(produce);
+    co_return co_await scatter_sums(st, layout_.slabs, 0, sum_ref, &produce_ref, own_.get() + wide(slab));
+  }
+
+  ShmChannel& local_;
+  NetChannel& net_;
+  const Topology& topo_;
+  const GatherCall& call_;
+  const CallPlan& plan_;
+  std::byte* out_;
+  SumsAcross sums_;
+  const Layout layout_;
+  const bool scatter_;
+  const int j_;  // this member's index on its server
+  const PostHeader mine_;
+  const Pieces pieces_;  // of what this member sums: its chunk, or its slab
+  const std::byte* partial_ = nullptr;
+  std::unique_ptr<std::byte[]> own_, received_;
+  std::vector<PostHeader> headers_;
+};
+
+}  // namespace
+
+size_t exchanged_bytes(const Topology& topo, const GatherCall& call) {
+  const Layout layout(topo, call);
+  return layout.result(scatters(call), 0);
+}
+
+engine::Task<Status> sum_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
+                                const CallPlan& plan, std::byte* out, SumsAcross sums) {
+  if (!net.broken().ok()) co_return net.broken();
+  if (!local.broken().ok()) co_return local.broken();
+  if (!plan.error.ok()) co_return plan.error;
+  const auto t0 = Clock::now();
+  SumAcross run(local, net, topo, call, plan, out, sums);
+  Status s = co_await run.run();
+  if (call.stats != nullptr) {
+    call.stats->intra_ns = run.intra_ns;
+    call.stats->inter_ns = ns_since(t0) - run.intra_ns;
+    call.stats->headers_compared = run.headers_compared;
+  }
+  co_return s;
+}
+
+}  // namespace fastgather::algo

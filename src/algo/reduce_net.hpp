@@ -1,0 +1,54 @@
+// Sums across servers, hierarchical: reduce within each server, exchange
+// between servers, spread within. For groups with the same number of
+// members, L, on each of S servers (plan_call's kHierarchical for a sum):
+//
+// 1. Within each server, a reduce-scatter of slabs: local member j sums its
+//    server's inputs of slab j into partial sums (fp32 for fp16/bf16). For
+//    all_reduce, slab j is chunk j of Chunks(bytes, L) (the two-shot's first
+//    half); for reduce_scatter, the chunks of members j, L+j, 2L+j, ... (one
+//    on each server), made into ring pieces from where they lie.
+// 2. Member j of each server sends its partial sums to member j of every
+//    other server over UCX (all_reduce: the whole slab; reduce_scatter: the
+//    chunk of that server's member), having posted its receives before 1.
+// 3. Each sums the S partial sums in server order, a network piece at a time
+//    as the pieces complete.
+// 4. all_reduce: the summed slabs shared within the server (the two-shot's
+//    second half).
+// Every element is the sum of each server's members in member order, then
+// of the servers' partial sums in server order: the same bits on every
+// member and every run. With one member per server, step 1 is the input.
+// Each member sends (S-1)/L of the input over the network (reduce_scatter:
+// (S-1)/n), instead of all of it to every other server.
+#pragma once
+
+#include <cstddef>
+
+#include "algo/function_ref.hpp"
+#include "algo/plan.hpp"
+#include "engine/task.hpp"
+#include "fastgather/status.hpp"
+#include "transport/net_channel.hpp"
+#include "transport/shm_channel.hpp"
+
+namespace fastgather::algo {
+
+// sum(dst, srcs, n, bytes): dst = srcs[0] + ... + srcs[n-1], element-wise,
+// `bytes` of the op's dtype.
+using SumInto = FunctionRef<void(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes)>;
+
+struct SumsAcross {
+  SumInto partial;      // sources of the dtype; partial sums (widen x the bytes) at dst
+  SumInto of_partials;  // sources: partial sums; the dtype at dst
+  size_t widen = 1;     // bytes of a partial sum per byte of the dtype
+};
+
+// The largest message the exchange sends for this call, in the dtype's bytes.
+size_t exchanged_bytes(const Topology& topo, const GatherCall& call);
+
+// call.op kReduceScatter or kAllReduce, as algo::reduce (out may be the
+// input for all_reduce, the own chunk of it for reduce_scatter); `plan` is
+// plan_call's. On failure both channels are broken, as in gather_across.
+engine::Task<Status> sum_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
+                                GatherCall call, const CallPlan& plan, std::byte* out, SumsAcross sums);
+
+}  // namespace fastgather::algo

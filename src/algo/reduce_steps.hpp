@@ -1,0 +1,26 @@
+// The steps the sums are made of, for the schedules within a server
+// (reduce.cpp) and across servers (reduce_net.cpp).
+#pragma once
+
+#include <cstddef>
+
+#include "algo/lockstep.hpp"
+#include "algo/reduce.hpp"
+
+namespace fastgather::algo {
+
+// Every member sends each peer its piece of the peer's chunk, a piece per
+// peer in each step, and sums the pieces of its own chunk as they come:
+// chunk m of every input (first(m), size(m)) is summed by member m, its
+// result at `at` + offset within the chunk (sum's offset). The own chunk
+// never enters the ring. With `produce`, the pieces are made as they are
+// sent (see reduce_scatter_produced), the own ones into `scratch`
+// (plan.piece bytes), instead of read from call.input.
+engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at, Sum sum,
+                                  const Produce* produce = nullptr, std::byte* scratch = nullptr);
+
+// Two-shot's second half: each member's summed chunk (at out + its first())
+// to every peer, which copies it to the same place of its own out.
+engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* out);
+
+}  // namespace fastgather::algo
