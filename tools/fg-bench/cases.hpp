@@ -79,8 +79,10 @@ std::unique_ptr<Case> make_unfused_all_gather_matmul(Group& g, const CaseShape& 
 // Sums (reduce_cases.cpp): input m x hidden elements per rank; all_reduce's
 // output as large, reduce_scatter's a group.size()-th of it (m x hidden must
 // divide by the group size). Inputs from the heap when s.symmetric.
-std::unique_ptr<Case> make_all_reduce(Group& g, const CaseShape& s);
-std::unique_ptr<Case> make_reduce_scatter(Group& g, const CaseShape& s);
+// A schedule other than kAuto is asked for and names the row (across
+// servers: "one-shot", the inputs gathered, beside the hierarchical sum).
+std::unique_ptr<Case> make_all_reduce(Group& g, const CaseShape& s, Schedule schedule = Schedule::kAuto);
+std::unique_ptr<Case> make_reduce_scatter(Group& g, const CaseShape& s, Schedule schedule = Schedule::kAuto);
 // x1 (m * size, hidden) @ x2 (hidden, n) reduce-scattered into (m, n):
 // matmul_reduce_scatter, or the whole product's GEMM then reduce_scatter.
 // bytes_per_rank: the fp32 product each rank reduce-scatters.

@@ -181,9 +181,13 @@ std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Opti
                                static_cast<long long>(m * o.hidden), g.size());
         continue;
       }
-      auto make = [&g, scatter](const CaseShape& shape) { return scatter ? make_reduce_scatter(g, shape) : make_all_reduce(g, shape); };
+      auto make = [&g, scatter](const CaseShape& shape, Schedule schedule = Schedule::kAuto) {
+        return scatter ? make_reduce_scatter(g, shape, schedule) : make_all_reduce(g, shape, schedule);
+      };
       std::vector<CaseFactory>& cases = *next_group();
       cases.push_back([make, s] { return make(s); });
+      // Across servers: the inputs gathered, then summed, beside the hierarchical sum.
+      if (o.compare && spans) cases.push_back([make, s] { return make(s, Schedule::kOneShot); });
       if (o.compare && symmetric) {
         cases.push_back([make, s] {
           CaseShape p = s;

@@ -80,9 +80,10 @@ namespace {
 
 class ReduceCase : public Case {
  public:
-  ReduceCase(Group& g, const CaseShape& s, bool scatter) : g_(g), scatter_(scatter) {
+  ReduceCase(Group& g, const CaseShape& s, bool scatter, Schedule schedule) : g_(g), scatter_(scatter) {
     op = scatter ? "reduce_scatter" : "all_reduce";
-    impl = "fastgather";
+    impl = schedule == Schedule::kAuto ? "fastgather" : to_string(schedule);
+    options_.schedule = schedule;
     m = s.m;
     dtype = s.dtype;
     count_ = static_cast<size_t>(s.m * s.hidden);
@@ -221,7 +222,11 @@ std::unique_ptr<Case> make_unfused_matmul_reduce_scatter(Group& g, const CaseSha
   return std::make_unique<MatmulReduceScatterCase>(g, s, false);
 }
 
-std::unique_ptr<Case> make_all_reduce(Group& g, const CaseShape& s) { return std::make_unique<ReduceCase>(g, s, false); }
-std::unique_ptr<Case> make_reduce_scatter(Group& g, const CaseShape& s) { return std::make_unique<ReduceCase>(g, s, true); }
+std::unique_ptr<Case> make_all_reduce(Group& g, const CaseShape& s, Schedule schedule) {
+  return std::make_unique<ReduceCase>(g, s, false, schedule);
+}
+std::unique_ptr<Case> make_reduce_scatter(Group& g, const CaseShape& s, Schedule schedule) {
+  return std::make_unique<ReduceCase>(g, s, true, schedule);
+}
 
 }  // namespace fastgather::bench
