@@ -483,8 +483,8 @@ TEST(Reduce, AcrossServersWhatIsNotBuiltIsRefusedOnEveryMember) {
     Tensor x1 = Tensor::empty(DType::kF32, {8, 4});
     Tensor x2 = Tensor::empty(DType::kF32, {4, 4});
     Tensor out = Tensor::empty(DType::kF32, {2, 4});
-    s = matmul_reduce_scatter(g, x1.view(), x2.view(), std::nullopt, out.view());
-    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("within one server") != std::string::npos, "{}",
+    s = matmul_reduce_scatter(g, x1.view(), x2.view(), std::nullopt, out.view(), {.schedule = Schedule::kOneShot});
+    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("runs hierarchical") != std::string::npos, "{}",
                s.to_string());
     for (int i = 0; i < 1000; ++i) static_cast<float*>(x.data())[i] = static_cast<float>(g.rank() + 1);
     RANK_OK(all_reduce(g, x.view(), x.view()));  // nothing was posted: this one lines up
@@ -531,6 +531,8 @@ std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
         if (with_bias) b = bias.view();
         CallStats stats;
         RANK_OK(matmul_reduce_scatter(g, x1.view(), x2.view(), b, out.view(), {.gemm_threads = gemm_threads, .stats = &stats}));
+        RANK_CHECK(c.servers == 1 || stats.schedule == Schedule::kHierarchical, "across servers it ran {}",
+                   to_string(stats.schedule));
         // The reference, in float64: every rank's x1 @ x2, rows of this rank's chunk.
         std::vector<double> want(static_cast<size_t>(rows_each * n), 0.0);
         for (int r = 0; r < w; ++r) {
@@ -576,6 +578,15 @@ TEST_P(MatmulReduceScatterWorlds, MatchesItWithOpenBlas) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, MatmulReduceScatterWorlds, ::testing::Values(1, 2, 3));
+
+// Across servers (hierarchical: the product made into each server's ring,
+// partial sums exchanged): 2 ranks on each of 2 servers, and 1 on each.
+TEST(MatmulReduceScatter, AcrossServersMatchesTheReferenceBitForBit) {
+  fgtest::JobOptions opt;
+  opt.servers = 2;
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) { return matmul_reduce_scatter_cases(c, 1); }, opt));
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) { return matmul_reduce_scatter_cases(c, 2); }, opt));
+}
 
 TEST(MatmulReduceScatter, AnotherKIsAMismatchAndBadShapesAreRefused) {
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {

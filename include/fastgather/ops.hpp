@@ -128,17 +128,21 @@ struct MatmulReduceScatterOptions {
   // 1: the packed single-thread GEMM (as all_gather_matmul's); more: OpenBLAS
   // sgemm with that many threads.
   int gemm_threads = 1;
-  Schedule schedule = Schedule::kAuto;  // kOneShot (the only one); every member must pass the same
+  // One server: kOneShot (the only one); across servers: kHierarchical (the
+  // only one, with as many members on every server). Every member must pass the same.
+  Schedule schedule = Schedule::kAuto;
   CallStats* stats = nullptr;
 };
 
-// npu_mm_reduce_scatter_base, within one server: x1 (m, k) and x2 (k, n) on
-// each rank, m a multiple of group.size(); output (m / size, n) = rows
-// [rank * m / size, ...) of the sum over ranks of x1 @ x2, + bias (n, added
-// once) or none. fp32, fp16 and bf16; products travel and are summed in
-// fp32 (in rank order: the same bits on every run), rounded once. The rows
-// each peer sums are multiplied straight into shared memory, a step at a
-// time, while the peers multiply theirs.
+// npu_mm_reduce_scatter_base: x1 (m, k) and x2 (k, n) on each rank, m a
+// multiple of group.size(); output (m / size, n) = rows [rank * m / size,
+// ...) of the sum over ranks of x1 @ x2, + bias (n, added once) or none.
+// fp32, fp16 and bf16; products travel and are summed in fp32 (in rank
+// order; across servers each server's ranks, then the servers in order: the
+// same bits on every run), rounded once. The rows each peer on this server
+// sums are multiplied straight into shared memory, a step at a time, while
+// the peers multiply theirs; across servers the partial sums are then
+// exchanged as the all_reduce's (reduce_net).
 Request start_matmul_reduce_scatter(Group& group, const TensorView& x1, const TensorView& x2,
                                     const std::optional<TensorView>& bias, const TensorView& output,
                                     const MatmulReduceScatterOptions& options = {});

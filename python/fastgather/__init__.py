@@ -174,14 +174,15 @@ def _all_gather_base_mm_fake(x1, x2, hcom, world_size, bias=None, gather_index=0
 
 
 def mm_reduce_scatter_base(x1, x2, hcom, world_size, reduce_op="sum", bias=None, comm_turn=0):
-    """torch_npu.npu_mm_reduce_scatter_base on CPU, within one server.
+    """torch_npu.npu_mm_reduce_scatter_base on CPU.
 
     Every rank's ``x1 @ x2`` (x1 (m, k), x2 (k, n); m a multiple of world_size),
     summed over the group and scattered along rows: returns this rank's
     (m / world_size, n) rows, + bias (n, added once). float16, bfloat16 or
-    float32; the products travel and are summed in float32, in rank order (the
-    same bits on every run), rounded once. Each peer's rows are multiplied
-    straight into shared memory while the peers multiply theirs.
+    float32; the products travel and are summed in float32, in rank order
+    (across servers: each server's ranks, then the servers in order; the same
+    bits on every run), rounded once. Each peer's rows are multiplied straight
+    into shared memory while the peers multiply theirs.
     """
     if not isinstance(hcom, str):
         hcom = get_comm_name(hcom)

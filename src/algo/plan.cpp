@@ -145,7 +145,7 @@ CallPlan plan_sum_across(const GroupShape& g, const GatherCall& call) {
   server.topo = Topology::of(std::vector<int>(static_cast<size_t>(g.topo.local_count()), 0), 0);
   GatherCall local = call;
   local.schedule = call.op == OpCode::kAllReduce ? Schedule::kTwoShot : Schedule::kAuto;
-  if (call.op == OpCode::kReduceScatter) local.op = OpCode::kMatmulReduceScatter;
+  if (call.op != OpCode::kAllReduce) local.op = OpCode::kMatmulReduceScatter;  // made into the ring
   CallPlan p = plan_reduction(server, local);
   p.asked = call.schedule;
   p.schedule = Schedule::kHierarchical;
@@ -165,6 +165,17 @@ bool same_members_per_server(const Topology& topo) {
 
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
   const bool sums = call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce;
+  if (call.op == OpCode::kMatmulReduceScatter && g.topo.servers() > 1) {
+    if (same_members_per_server(g.topo) && (call.schedule == Schedule::kAuto || call.schedule == Schedule::kHierarchical)) {
+      return plan_sum_across(g, call);
+    }
+    CallPlan p;
+    p.asked = call.schedule;
+    p.error = Status{ErrorKind::kUnsupported,
+                     fmt::format("{}: across servers {} runs hierarchical, with the same number of members on every "
+                                 "server", g.label, op_name(call.op))};
+    return p;
+  }
   if (sums && g.topo.servers() > 1) {
     const bool even = same_members_per_server(g.topo);
     auto refuse = [&](std::string why) {

@@ -22,7 +22,7 @@ using transport::ShmChannel;
 
 double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
 
-bool scatters(const GatherCall& call) { return call.op == OpCode::kReduceScatter; }
+bool scatters(const GatherCall& call) { return call.op != OpCode::kAllReduce; }
 
 // Which bytes this member sums and exchanges (in the dtype's bytes).
 struct Layout {
@@ -106,7 +106,7 @@ class SumAcross {
     // Each piece is summed once every other server's part of it is here.
     std::vector<int> arrived(pieces_.count(), 0);
     std::vector<const std::byte*> srcs(static_cast<size_t>(S));
-    std::byte* result_at = out_ + (scatter_ ? 0 : layout_.slabs.first(j_));
+    const size_t result_at = scatter_ ? 0 : layout_.slabs.first(j_);
     for (size_t left = headers_.size(); left > 0; --left) {
       auto c = co_await engine::any_receive(net_);
       if (!c.ok()) co_return c.status();
@@ -147,13 +147,23 @@ class SumAcross {
     if (layout_.locals == 1) {
       // The slab is the input. It is sent as it is unless it must be widened,
       // or an all_reduce in place would overwrite it while it is being sent.
-      if (sums_.widen == 1 && (scatter_ || out_ != call_.input)) {
+      if (sums_.widen == 1 && (scatter_ || out_ != call_.input) && sums_.produce == nullptr) {
         partial_ = call_.input;
         co_return Status::Ok();
       }
       own_.reset(new std::byte[std::max<size_t>(wide(slab), 1)]);
-      if (slab != 0) sums_.partial(own_.get(), &call_.input, 1, slab);
       partial_ = own_.get();
+      if (sums_.produce != nullptr) {  // every server's chunk, made a ring piece at a time as within a server
+        const size_t step = std::max<size_t>(plan_.piece, 1);
+        for (int t = 0; t < layout_.servers; ++t) {
+          for (size_t at = 0; at < layout_.chunk; at += step) {
+            (*sums_.produce)(t, at, std::min(step, layout_.chunk - at),
+                             own_.get() + static_cast<size_t>(t) * layout_.chunk + at);
+          }
+        }
+      } else if (slab != 0) {
+        sums_.partial(own_.get(), &call_.input, 1, slab);
+      }
       co_return Status::Ok();
     }
     own_.reset(new std::byte[std::max<size_t>(wide(slab), 1) + (scatter_ ? plan_.piece : 0)]);
@@ -171,7 +181,9 @@ class SumAcross {
     auto produce = [&](int d, size_t offset, size_t len, std::byte* dst) {
       while (len != 0) {
         const size_t t = offset / chunk, within = offset % chunk, take = std::min(len, chunk - within);
-        std::memcpy(dst, call_.input + (t * locals + static_cast<size_t>(d)) * chunk + within, take);
+        const size_t member = t * locals + static_cast<size_t>(d);
+        if (sums_.produce != nullptr) (*sums_.produce)(static_cast<int>(member), within, take, dst);
+        else std::memcpy(dst, call_.input + member * chunk + within, take);
         dst += take;
         offset += take;
         len -= take;

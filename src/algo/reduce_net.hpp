@@ -25,6 +25,7 @@
 
 #include "algo/function_ref.hpp"
 #include "algo/plan.hpp"
+#include "algo/reduce.hpp"
 #include "engine/task.hpp"
 #include "fastgather/status.hpp"
 #include "transport/net_channel.hpp"
@@ -37,17 +38,22 @@ namespace fastgather::algo {
 using SumInto = FunctionRef<void(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes)>;
 
 struct SumsAcross {
-  SumInto partial;      // sources of the dtype; partial sums (widen x the bytes) at dst
-  SumInto of_partials;  // sources: partial sums; the dtype at dst
-  size_t widen = 1;     // bytes of a partial sum per byte of the dtype
+  SumInto partial;  // sources of the dtype; partial sums (widen x the bytes) at dst
+  Sum of_partials;  // sources: partial sums; the result's bytes [offset, offset+bytes)
+  size_t widen = 1;  // bytes of a partial sum per byte of the dtype
+  // A reduce-scatter whose input is made as it is sent (the fused op's
+  // product rows, as for reduce_scatter_produced); null: read from call.input.
+  const Produce* produce = nullptr;
 };
 
 // The largest message the exchange sends for this call, in the dtype's bytes.
 size_t exchanged_bytes(const Topology& topo, const GatherCall& call);
 
 // call.op kReduceScatter or kAllReduce, as algo::reduce (out may be the
-// input for all_reduce, the own chunk of it for reduce_scatter); `plan` is
-// plan_call's. On failure both channels are broken, as in gather_across.
+// input for all_reduce, the own chunk of it for reduce_scatter), or
+// kMatmulReduceScatter with sums.produce (out unused: of_partials writes the
+// result); `plan` is plan_call's. On failure both channels are broken, as in
+// gather_across.
 engine::Task<Status> sum_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
                                 GatherCall call, const CallPlan& plan, std::byte* out, SumsAcross sums);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "algo/reduce.hpp"
+#include "algo/reduce_net.hpp"
 #include "core/group_impl.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/convert.hpp"
@@ -75,7 +76,9 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
   call.schedule = options.schedule;
   const algo::CallPlan plan = ops::plan_for(group, call);
   if (!plan.error.ok()) co_return plan.error;
-  const size_t piece_rows = row_f32 == 0 ? 0 : plan.piece / row_f32;
+  // Rows made or summed at once: a ring piece (across servers the sums come
+  // a network piece at a time).
+  const size_t piece_rows = row_f32 == 0 ? 0 : std::max(plan.piece, plan.net_piece) / row_f32;
 
   // The GEMM: the packed kernel (x2 packed once per call), or OpenBLAS on fp32 copies.
   const bool packed = ops::use_packed_gemm(options.gemm_threads, impl_of(group)->settings);
@@ -143,6 +146,21 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
       const std::byte* src = reinterpret_cast<const std::byte*>(own);
       sum(r * row_f32, &src, 1, rows * row_f32);
     }
+  } else if (spans_servers(group)) {
+    // Across servers: the product rows made into the server's ring as within
+    // one, summed within the server, the partial sums exchanged between
+    // servers and summed in server order (algo/reduce_net.hpp), then the bias.
+    Group::Impl& i = *impl_of(group);
+    auto partial = [](std::byte* dst, const std::byte* const* srcs, int members, size_t bytes) {
+      ops::sum(DType::kF32, dst, srcs, members, bytes);
+    };
+    algo::Produce produce_ref(produce);
+    algo::GatherStats st;
+    call.stats = &st;
+    const bool was_broken = ops::across_broken(i);
+    s = co_await algo::sum_across(*i.channel, *i.net, i.shape.topo, call, plan, nullptr,
+                                  {.partial = partial, .of_partials = sum, .widen = 1, .produce = &produce_ref});
+    s = ops::explain_across(i, std::move(s), was_broken, st.headers_compared);
   } else {
     s = co_await algo::reduce_scatter_produced(channel_of(group), call, plan, produce, reinterpret_cast<std::byte*>(own), sum);
   }

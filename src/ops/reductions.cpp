@@ -69,8 +69,8 @@ engine::Task<Status> sum_across(Group& group, algo::GatherCall call, const algo:
   auto partial = [dtype](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
     ops::sum_partial(dtype, dst, srcs, n, bytes);
   };
-  auto of_partials = [dtype](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
-    ops::sum_partials(dtype, dst, srcs, n, bytes);
+  auto of_partials = [dtype, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
+    ops::sum_partials(dtype, out + offset, srcs, n, bytes);
   };
   algo::GatherStats st;
   call.stats = &st;
