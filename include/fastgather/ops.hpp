@@ -88,14 +88,14 @@ Status all_gather(Group& group, const TensorView& input, const TensorView& outpu
 // outputs[i] receives group rank i's input. Each peer's bytes land straight
 // in outputs[i]: no staging copy beyond what the contiguous form does.
 // (start_all_gather keeps its own copy of the list of views.) The outputs
-// may differ in size (an uneven all-gather, within one server):
+// may differ in size (an uneven all-gather):
 // outputs[group.rank()] is the input's, and every member passes the same sizes.
 Request start_all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
                          const AllGatherOptions& options = {});
 Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
                   const AllGatherOptions& options = {});
 
-// Uneven blocks (MPI_Allgatherv), within one server: counts[i] elements of
+// Uneven blocks (MPI_Allgatherv): counts[i] elements of
 // group rank i (counts[group.rank()] == input.numel()); output holds them
 // back to back in group-rank order. Every member passes the same counts.
 Request start_all_gather_v(Group& group, const TensorView& input, const TensorView& output,

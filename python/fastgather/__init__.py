@@ -13,7 +13,7 @@ for CPU tensors:
     y = fastgather.mm_reduce_scatter_base(x1, x2, fastgather.get_comm_name(group), len(ranks))
     x = fastgather.empty(group, (16, 3072), torch.float16)    # read in place by the group's gathers
 
-fastgather serves all_gather (uneven tensors too, within a server),
+fastgather serves all_gather (uneven tensors too),
 all_gather_into_tensor, all_gather_coalesced, all_gather_into_tensor_coalesced
 (and so the functional collectives' all_gather_tensor), broadcast and barrier
 for CPU tensors of every dtype; all_reduce, reduce_scatter and

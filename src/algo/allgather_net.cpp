@@ -34,7 +34,7 @@ class Across {
   Across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
          PieceSink sink)
       : local_(local), net_(net), topo_(topo), call_(call), plan_(plan), sink_(sink),
-        pieces_{call.bytes, plan.net_piece}, mine_(header_of(call, plan)) {}
+        mine_(header_of(call, plan)) {}
 
   // The engine keeps the network moving while this member waits for local
   // peers (the local gather, the relay) whenever anything is in flight.
@@ -64,6 +64,10 @@ class Across {
     return call_.bytes == 0 ? nullptr : (*call_.landing)(member) + off;
   }
   int me() const { return net_.me(); }
+  // The pieces of member's block (uneven blocks: each its own size).
+  Pieces pieces(int member) const { return {call_.block(member), plan_.net_piece}; }
+  // A message is the header alone when there are no bytes behind it.
+  static size_t iovs(size_t len) { return len == 0 ? 1 : 2; }
 
   // The server-local phase: the one-shot gather over shared memory, with
   // member indices translated to the group's. keep: also leave each block in
@@ -73,6 +77,7 @@ class Across {
     GatherCall c = call_;
     c.landing = nullptr;
     c.stats = nullptr;
+    if (c.sizes != nullptr) c.sizes += base;  // the server's members, by their local index
     auto translate = [&](int m, size_t off, const std::byte* src, size_t len) {
       const int member = base + m;
       if (keep) {
@@ -94,15 +99,16 @@ class Across {
   Status post_receives(uint32_t callno, int first, int last, From from) {
     for (int m = first; m < last; ++m) {
       if (topo_.local(m)) continue;
-      for (uint32_t p = 0; p < pieces_.count(); ++p) {
+      for (uint32_t p = 0; p < pieces(m).count(); ++p) {
         expected_.push_back({m, p, {}});
       }
     }
     // Addresses of headers are taken only once the vector stops growing.
     for (size_t t = 0; t < expected_.size(); ++t) {
       Expected& e = expected_[t];
-      NetIov iov[2] = {{&e.header, sizeof(PostHeader)}, {landing(e.owner, pieces_.offset(e.piece)), pieces_.length(e.piece)}};
-      if (Status s = net_.recv(from(e.owner), e.owner, callno, e.piece, std::span(iov, call_.bytes == 0 ? 1 : 2),
+      const Pieces of = pieces(e.owner);
+      NetIov iov[2] = {{&e.header, sizeof(PostHeader)}, {landing(e.owner, of.offset(e.piece)), of.length(e.piece)}};
+      if (Status s = net_.recv(from(e.owner), e.owner, callno, e.piece, std::span(iov, iovs(of.length(e.piece))),
                                static_cast<int>(t));
           !s.ok()) {
         return s;
@@ -122,14 +128,15 @@ class Across {
   // Sends piece p of `owner`'s block, whose bytes start at block_start, to
   // member `to`, behind this member's header (the header alone for 0 bytes).
   Status send_piece(uint32_t callno, int to, int owner, uint32_t p, const std::byte* block_start) {
+    const Pieces of = pieces(owner);
     NetIov iov[2] = {{const_cast<PostHeader*>(&mine_), sizeof(PostHeader)},
-                     {const_cast<std::byte*>(block_start) + pieces_.offset(p), pieces_.length(p)}};
-    return net_.send(to, owner, callno, p, std::span(iov, call_.bytes == 0 ? 1 : 2));
+                     {const_cast<std::byte*>(block_start) + of.offset(p), of.length(p)}};
+    return net_.send(to, owner, callno, p, std::span(iov, iovs(of.length(p))));
   }
 
   // Sends every piece of `owner`'s block, read from src, to member `to`.
   Status send_block(uint32_t callno, int to, int owner, const std::byte* src) {
-    for (uint32_t p = 0; p < pieces_.count(); ++p) {
+    for (uint32_t p = 0; p < pieces(owner).count(); ++p) {
       if (Status s = send_piece(callno, to, owner, p, src); !s.ok()) return s;
     }
     return Status::Ok();
@@ -139,7 +146,8 @@ class Across {
   // wholly below `upto` (the bytes of it landed so far) to every other leader.
   Status forward(uint32_t callno, int member, size_t upto) {
     uint32_t& next = sent_[static_cast<size_t>(member - topo_.first[topo_.mine])];
-    for (; next < pieces_.count() && pieces_.offset(next) + pieces_.length(next) <= upto; ++next) {
+    const Pieces of = pieces(member);
+    for (; next < of.count() && of.offset(next) + of.length(next) <= upto; ++next) {
       for (int slot = 0; slot < topo_.servers(); ++slot) {
         if (slot == topo_.mine) continue;
         if (Status s = send_piece(callno, topo_.leader(slot), member, next, landing(member, 0)); !s.ok()) return s;
@@ -153,7 +161,7 @@ class Across {
     auto c = co_await engine::any_receive(net_);
     if (!c.ok()) co_return c.status();
     const Expected& e = expected_[static_cast<size_t>(c.value().token)];
-    Status s = check_message(net_, call_, mine_, e.header, c.value().length, pieces_.length(e.piece),
+    Status s = check_message(net_, call_, mine_, e.header, c.value().length, pieces(e.owner).length(e.piece),
                              {.owner = e.owner, .piece = e.piece, .what = "block"});
     if (!s.ok()) {
       headers_compared = c.value().length >= sizeof(PostHeader);
@@ -176,8 +184,9 @@ class Across {
     for (size_t left = expected_.size(); left > 0; --left) {
       auto e = co_await next_piece();
       if (!e.ok()) co_return e.status();
-      const size_t off = pieces_.offset(e.value()->piece);
-      if (call_.bytes != 0) sink_(e.value()->owner, off, landing(e.value()->owner, off), pieces_.length(e.value()->piece));
+      const int owner = e.value()->owner;
+      const size_t off = pieces(owner).offset(e.value()->piece), len = pieces(owner).length(e.value()->piece);
+      if (len != 0) sink_(owner, off, landing(owner, off), len);
     }
     co_return co_await engine::sends_done(net_);
   }
@@ -208,11 +217,10 @@ class Across {
     if (!forward_error_.ok()) co_return forward_error_;
     if (am_leader) {
       for (int m = topo_.first[topo_.mine]; m < topo_.first[topo_.mine + 1]; ++m) {
-        if (Status f = forward(callno, m, call_.bytes); !f.ok()) co_return f;  // 0 bytes: the header alone
+        if (Status f = forward(callno, m, call_.block(m)); !f.ok()) co_return f;  // 0 bytes: the header alone
       }
     }
     const size_t chunk = plan_.relay_piece;
-    const int remote_members = topo_.members() - topo_.local_count();
     const bool relay = topo_.local_count() > 1 && call_.bytes != 0;
     // The relay's steps through the leader's ring: a lockstep in which only
     // the leader posts bytes, with their owner and offset in its header. The
@@ -228,8 +236,11 @@ class Across {
     if (!am_leader) {
       // As many relay steps as the leader will post: each remote piece, cut into ring steps.
       size_t steps = 0;
-      for (uint32_t p = 0; relay && p < pieces_.count(); ++p) steps += (pieces_.length(p) + chunk - 1) / chunk;
-      steps *= static_cast<size_t>(remote_members);
+      for (int m = 0; relay && m < topo_.members(); ++m) {
+        if (topo_.local(m)) continue;
+        const Pieces of = pieces(m);
+        for (uint32_t p = 0; p < of.count(); ++p) steps += (of.length(p) + chunk - 1) / chunk;
+      }
       auto nothing = [] {};
       auto relayed = [&](int peer, const PostHeader& h, const std::byte* src) {
         if (peer != kLeader) return;
@@ -250,8 +261,8 @@ class Across {
       auto e = co_await next_piece();
       if (!e.ok()) co_return e.status();
       const int owner = e.value()->owner;
-      const size_t off0 = pieces_.offset(e.value()->piece), len0 = pieces_.length(e.value()->piece);
-      if (call_.bytes == 0) continue;
+      const size_t off0 = pieces(owner).offset(e.value()->piece), len0 = pieces(owner).length(e.value()->piece);
+      if (len0 == 0) continue;
       const std::byte* src = landing(owner, off0);
       sink_(owner, off0, src, len0);
       for (size_t at = 0; relay && at < len0; at += chunk) {
@@ -271,7 +282,6 @@ class Across {
   const GatherCall& call_;
   const CallPlan& plan_;
   PieceSink sink_;
-  Pieces pieces_;
   const PostHeader mine_;
   std::vector<Expected> expected_;
   // Leader, hierarchical: per local member, the pieces already sent on.

@@ -229,7 +229,6 @@ CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
       return refuse("the ring schedule runs within one server; a group across servers runs direct or hierarchical");
     }
     if (call.bytes != 0 && call.landing == nullptr) return refuse("this op keeps no copy of the gathered blocks");
-    if (call.sizes != nullptr) return refuse("an all-gather of uneven blocks runs within one server");
     p.schedule = choose_schedule(topo, call.bytes, call.schedule, settings.hier_min_bytes);
     p.net_piece = net_piece_bytes(call.bytes, call.align, settings.net_piece_bytes);
   } else {
