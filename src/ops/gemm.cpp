@@ -120,9 +120,15 @@ PackedGemm::PackedGemm(DType dtype, const void* b, size_t k, size_t n, const voi
     const auto* src = static_cast<const std::byte*>(b);
     float* row = acc_;
     std::fill(row + n, row + width, 0.0f);
+    // fp32 rows of whole panels are dealt out from where they lie.
+    const bool direct = dtype == DType::kF32 && n % kCols == 0;
     for (size_t kk = 0; kk < k; ++kk) {
-      to_float(dtype, src + kk * n * elt, row, n);
-      for (size_t p = 0; p < panels_; ++p) std::memcpy(b_ + (p * k + kk) * kCols, row + p * kCols, kCols * sizeof(float));
+      const float* from = reinterpret_cast<const float*>(src + kk * n * elt);
+      if (!direct) {
+        to_float(dtype, src + kk * n * elt, row, n);
+        from = row;
+      }
+      for (size_t p = 0; p < panels_; ++p) std::memcpy(b_ + (p * k + kk) * kCols, from + p * kCols, kCols * sizeof(float));
     }
   }
   std::fill(bias_, bias_ + width, 0.0f);
