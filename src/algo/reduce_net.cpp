@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 #include "algo/allgather_net.hpp"
@@ -67,8 +66,15 @@ class SumAcross {
   engine::Task<Status> exchange(uint32_t callno) {
     const int S = layout_.servers, me_server = topo_.mine;
     const size_t result = pieces_.bytes;
-    // Room for every server's partial sums (this server's slot stays unused).
-    received_.reset(new std::byte[std::max<size_t>(wide(result) * static_cast<size_t>(S), 1)]);
+    // Room for every server's partial sums (this server's slot stays unused),
+    // then this member's own, then a ring piece (the reduce-scatter's own pieces).
+    const size_t slab = layout_.slabs.size(j_);
+    const size_t received = (wide(result) * static_cast<size_t>(S) + 63) / 64 * 64;  // own_ on a cache line
+    const size_t own = wide(slab) + (scatter_ ? plan_.piece : 0);
+    std::vector<std::byte>& work = sums_.work != nullptr ? *sums_.work : call_work_;
+    if (work.size() < received + own) work.resize(received + own);
+    received_ = work.data();
+    own_ = work.data() + received;
     headers_.assign(static_cast<size_t>(S - 1) * pieces_.count(), PostHeader{});
     int token = 0;
     for (int t = 0; t < S; ++t) {
@@ -139,7 +145,7 @@ class SumAcross {
     co_return Status::Ok();
   }
 
-  std::byte* slot(int server) const { return received_.get() + wide(pieces_.bytes) * static_cast<size_t>(server); }
+  std::byte* slot(int server) const { return received_ + wide(pieces_.bytes) * static_cast<size_t>(server); }
 
   // Step 1: this server's partial sums of this member's slab, at partial_.
   engine::Task<Status> partial_sums(CallState& st) {
@@ -151,24 +157,21 @@ class SumAcross {
         partial_ = call_.input;
         co_return Status::Ok();
       }
-      own_.reset(new std::byte[std::max<size_t>(wide(slab), 1)]);
-      partial_ = own_.get();
+      partial_ = own_;
       if (sums_.produce != nullptr) {  // every server's chunk, made a ring piece at a time as within a server
         const size_t step = std::max<size_t>(plan_.piece, 1);
         for (int t = 0; t < layout_.servers; ++t) {
           for (size_t at = 0; at < layout_.chunk; at += step) {
-            (*sums_.produce)(t, at, std::min(step, layout_.chunk - at),
-                             own_.get() + static_cast<size_t>(t) * layout_.chunk + at);
+            (*sums_.produce)(t, at, std::min(step, layout_.chunk - at), own_ + static_cast<size_t>(t) * layout_.chunk + at);
           }
         }
       } else if (slab != 0) {
-        sums_.partial(own_.get(), &call_.input, 1, slab);
+        sums_.partial(own_, &call_.input, 1, slab);
       }
       co_return Status::Ok();
     }
-    own_.reset(new std::byte[std::max<size_t>(wide(slab), 1) + (scatter_ ? plan_.piece : 0)]);
-    partial_ = own_.get();
-    std::byte* partials = own_.get();
+    partial_ = own_;
+    std::byte* partials = own_;
     auto sum = [&](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
       sums_.partial(partials + wide(offset), srcs, n, bytes);
     };
@@ -190,7 +193,7 @@ class SumAcross {
       }
     };
     Produce produce_ref(produce);
-    co_return co_await scatter_sums(st, layout_.slabs, 0, sum_ref, &produce_ref, own_.get() + wide(slab));
+    co_return co_await scatter_sums(st, layout_.slabs, 0, sum_ref, &produce_ref, own_ + wide(slab));
   }
 
   ShmChannel& local_;
@@ -206,7 +209,9 @@ class SumAcross {
   const PostHeader mine_;
   const Pieces pieces_;  // of what this member sums: its chunk, or its slab
   const std::byte* partial_ = nullptr;
-  std::unique_ptr<std::byte[]> own_, received_;
+  std::byte* received_ = nullptr;  // every server's partial sums, by server
+  std::byte* own_ = nullptr;       // this member's, when made here
+  std::vector<std::byte> call_work_;
   std::vector<PostHeader> headers_;
 };
 

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "algo/function_ref.hpp"
 #include "algo/plan.hpp"
@@ -44,6 +45,9 @@ struct SumsAcross {
   // A reduce-scatter whose input is made as it is sent (the fused op's
   // product rows, as for reduce_scatter_produced); null: read from call.input.
   const Produce* produce = nullptr;
+  // Where the partial sums and the other servers' go: grown as needed and
+  // kept by the caller between calls (null: allocated for the call).
+  std::vector<std::byte>* work = nullptr;
 };
 
 // The largest message the exchange sends for this call, in the dtype's bytes.

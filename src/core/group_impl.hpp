@@ -40,6 +40,10 @@ struct Group::Impl {
   std::function<void(const Status&)> publish_failure;
   std::function<std::optional<Status>()> published_failure;
   std::vector<float> scratch;     // fused op: converted rows, fp32 accumulators
+  // Sums across servers: partial sums and what other servers send, kept
+  // between calls (one op of a group runs at a time) so that a large sum
+  // does not fault in fresh pages every call.
+  std::vector<std::byte> sum_work;
   std::vector<std::byte> landed;  // fused op across servers without gather_out: where blocks land
   // What this machine has shown to be faster, per size; one per op, since the
   // fused op's call time includes its GEMM.
