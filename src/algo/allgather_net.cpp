@@ -19,8 +19,6 @@ using transport::NetIov;
 using transport::PostHeader;
 using transport::ShmChannel;
 
-double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
-
 // One expected message: member `owner`'s piece `piece`, with the header the
 // sender put in front of it.
 struct Expected {
@@ -38,22 +36,10 @@ class Across {
 
   // The engine keeps the network moving while this member waits for local
   // peers (the local gather, the relay) whenever anything is in flight.
-  engine::Task<Status> run() {
-    const uint32_t callno = net_.next_call();
-    Status s;
+  engine::Task<Status> body(uint32_t callno) {
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
-    if (plan_.schedule == Schedule::kDirect) {
-      s = co_await direct(callno);
-    } else {
-      s = co_await hierarchical(callno);
-    }
-    if (!s.ok()) {
-      // Leave nobody on this server waiting for a step that will not come,
-      // and drop what is in flight.
-      net_.fail(s);
-      local_.abort(s);
-    }
-    co_return s;
+    if (plan_.schedule == Schedule::kDirect) co_return co_await direct(callno);
+    co_return co_await hierarchical(callno);
   }
 
   double intra_ns = 0;
@@ -308,18 +294,8 @@ Status check_message(const NetChannel& net, const GatherCall& call, const PostHe
 
 engine::Task<Status> gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
                                    const CallPlan& plan, PieceSink sink) {
-  if (!net.broken().ok()) co_return net.broken();
-  if (!local.broken().ok()) co_return local.broken();
-  if (!plan.error.ok()) co_return plan.error;
-  const auto t0 = Clock::now();
   Across run(local, net, topo, call, plan, sink);
-  Status s = co_await run.run();
-  if (call.stats != nullptr) {
-    call.stats->intra_ns = run.intra_ns;
-    call.stats->inter_ns = ns_since(t0) - run.intra_ns;
-    call.stats->headers_compared = run.headers_compared;
-  }
-  co_return s;
+  co_return co_await run_across(local, net, plan, call.stats, run);
 }
 
 }  // namespace fastgather::algo

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -34,6 +35,37 @@ struct MessageOf {
 };
 Status check_message(const transport::NetChannel& net, const GatherCall& call, const transport::PostHeader& mine,
                      const transport::PostHeader& theirs, size_t length, size_t want, MessageOf of);
+
+// Nanoseconds since t, for the stats' split of a call's time.
+inline double ns_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t).count();
+}
+
+// One call across servers, run by `run` (its body(callno) and what it
+// found: intra_ns, the time of its server-local phases, and
+// headers_compared): refused at once where a channel has broken or the plan
+// says no; on failure both channels are broken, so that nobody on this
+// server waits for a step that will not come and what is in flight is
+// dropped; stats, when set, get the intra- and inter-server times.
+template <class Run>
+engine::Task<Status> run_across(transport::ShmChannel& local, transport::NetChannel& net, const CallPlan& plan,
+                                GatherStats* stats, Run& run) {
+  if (!net.broken().ok()) co_return net.broken();
+  if (!local.broken().ok()) co_return local.broken();
+  if (!plan.error.ok()) co_return plan.error;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = co_await run.body(net.next_call());
+  if (!s.ok()) {
+    net.fail(s);
+    local.abort(s);
+  }
+  if (stats != nullptr) {
+    stats->intra_ns = run.intra_ns;
+    stats->inter_ns = ns_since(t0) - run.intra_ns;
+    stats->headers_compared = run.headers_compared;
+  }
+  co_return s;
+}
 
 engine::Task<Status> gather_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
                                    GatherCall call, const CallPlan& plan, PieceSink sink);

@@ -19,8 +19,6 @@ using transport::NetIov;
 using transport::PostHeader;
 using transport::ShmChannel;
 
-double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
-
 bool scatters(const GatherCall& call) { return call.op != OpCode::kAllReduce; }
 
 // Which bytes this member sums and exchanges (in the dtype's bytes).
@@ -46,15 +44,7 @@ class SumAcross {
         scatter_(scatters(call)), j_(net.me() - topo.first[topo.mine]), mine_(header_of(call, plan)),
         pieces_{layout_.result(scatter_, j_), plan.net_piece} {}
 
-  engine::Task<Status> run() {
-    const uint32_t callno = net_.next_call();
-    Status s = co_await exchange(callno);
-    if (!s.ok()) {
-      net_.fail(s);
-      local_.abort(s);
-    }
-    co_return s;
-  }
+  engine::Task<Status> body(uint32_t callno) { return exchange(callno); }
 
   double intra_ns = 0;
   bool headers_compared = false;
@@ -224,18 +214,8 @@ size_t exchanged_bytes(const Topology& topo, const GatherCall& call) {
 
 engine::Task<Status> sum_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
                                 const CallPlan& plan, std::byte* out, SumsAcross sums) {
-  if (!net.broken().ok()) co_return net.broken();
-  if (!local.broken().ok()) co_return local.broken();
-  if (!plan.error.ok()) co_return plan.error;
-  const auto t0 = Clock::now();
   SumAcross run(local, net, topo, call, plan, out, sums);
-  Status s = co_await run.run();
-  if (call.stats != nullptr) {
-    call.stats->intra_ns = run.intra_ns;
-    call.stats->inter_ns = ns_since(t0) - run.intra_ns;
-    call.stats->headers_compared = run.headers_compared;
-  }
-  co_return s;
+  co_return co_await run_across(local, net, plan, call.stats, run);
 }
 
 }  // namespace fastgather::algo
