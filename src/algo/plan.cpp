@@ -138,13 +138,16 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
 
 // A sum across servers with the same members on every server: the local
 // phase is planned as the reduce-scatter (produced pieces: the slabs are
-// made from the chunks where they lie) or two-shot's first half on one
-// server of this server's members; the exchange in network pieces.
+// made from the chunks where they lie), two-shot's first half, or (a small
+// all_reduce, sums_whole) the one-shot, on one server of this server's
+// members; the exchange in network pieces.
 CallPlan plan_sum_across(const GroupShape& g, const GatherCall& call) {
   GroupShape server = g;
   server.topo = Topology::of(std::vector<int>(static_cast<size_t>(g.topo.local_count()), 0), 0);
   GatherCall local = call;
-  local.schedule = call.op == OpCode::kAllReduce ? Schedule::kTwoShot : Schedule::kAuto;
+  local.schedule = call.op != OpCode::kAllReduce ? Schedule::kAuto
+                   : sums_whole(g.topo, call)     ? Schedule::kOneShot
+                                                  : Schedule::kTwoShot;
   if (call.op != OpCode::kAllReduce) local.op = OpCode::kMatmulReduceScatter;  // made into the ring
   CallPlan p = plan_reduction(server, local);
   p.asked = call.schedule;
@@ -369,9 +372,11 @@ std::vector<PlanRow> plan_table() {
        "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
       {"sums (reduce_scatter, all_reduce) across servers, as many members on every server, auto or hierarchical "
        "asked", "schedule: hierarchical",
-       "each member sums 1/L of its server's inputs (L members; fp16/bf16 in fp32), exchanges these partial sums "
-       "with the same member of every other server and sums them in server order; all_reduce: the sums shared within "
-       "the server", example_sum(OpCode::kAllReduce, 4096), example_group(two_servers)},
+       fmt::format("each member sums 1/L of its server's inputs (L members; fp16/bf16 in fp32), exchanges these "
+                   "partial sums with the same member of every other server and sums them in server order; all_reduce: "
+                   "the sums shared within the server (up to {} per member: each member sums all of its server's "
+                   "inputs and exchanges them whole, nothing to share)", size_words(kSumWholeMaxBytes)),
+       example_sum(OpCode::kAllReduce, 4096), example_group(two_servers)},
       {"sums across servers, one-shot asked or servers with different numbers of members",
        "the all-gather's rows above for the inputs, then each member's sums",
        "every input to every member on another server", example_sum(OpCode::kReduceScatter, 4096, true),

@@ -97,9 +97,6 @@ engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* 
   co_return Status::Ok();
 }
 
-namespace {
-
-// Every member sums all of everyone's input, a step at a time.
 engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum) {
   transport::ShmChannel& ch = st.ch;
   const GatherCall& call = st.call;
@@ -126,8 +123,6 @@ engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum
   }
   co_return Status::Ok();
 }
-
-}  // namespace
 
 engine::Task<Status> reduce(transport::ShmChannel& ch, GatherCall call, const CallPlan& plan, std::byte* out, Sum sum) {
   if (!ch.broken().ok()) co_return ch.broken();

@@ -26,14 +26,17 @@ struct Layout {
   Layout(const Topology& topo, const GatherCall& call)
       : servers(topo.servers()), locals(topo.local_count()),
         slabs(scatters(call) ? Chunks::equal(call.bytes, locals) : Chunks(call.bytes, locals, call.align)),
-        chunk(call.bytes / static_cast<size_t>(servers * locals)) {}
+        chunk(call.bytes / static_cast<size_t>(servers * locals)), whole(sums_whole(topo, call)) {}
   int servers, locals;
   Chunks slabs;  // slab j: what local member j sums within the server
   size_t chunk;  // reduce_scatter: each member's chunk of the result
+  bool whole;    // every member sums all of its server's inputs (sums_whole)
+  size_t first(int j) const { return whole ? 0 : slabs.first(j); }
+  size_t size(int j) const { return whole ? slabs.total : slabs.size(j); }
   // The partial sums member j of server t receives from this member: where
   // they lie in this member's slab, and how many bytes.
   size_t sent_from(bool scatter, int t) const { return scatter ? static_cast<size_t>(t) * chunk : 0; }
-  size_t result(bool scatter, int j) const { return scatter ? chunk : slabs.size(j); }
+  size_t result(bool scatter, int j) const { return scatter ? chunk : size(j); }
 };
 
 class SumAcross {
@@ -58,7 +61,7 @@ class SumAcross {
     const size_t result = pieces_.bytes;
     // Room for every server's partial sums (this server's slot stays unused),
     // then this member's own, then a ring piece (the reduce-scatter's own pieces).
-    const size_t slab = layout_.slabs.size(j_);
+    const size_t slab = layout_.size(j_);
     const size_t received = (wide(result) * static_cast<size_t>(S) + 63) / 64 * 64;  // own_ on a cache line
     const size_t own = wide(slab) + (scatter_ ? plan_.piece : 0);
     std::vector<std::byte>& work = sums_.work != nullptr ? *sums_.work : call_work_;
@@ -102,7 +105,7 @@ class SumAcross {
     // Each piece is summed once every other server's part of it is here.
     std::vector<int> arrived(pieces_.count(), 0);
     std::vector<const std::byte*> srcs(static_cast<size_t>(S));
-    const size_t result_at = scatter_ ? 0 : layout_.slabs.first(j_);
+    const size_t result_at = scatter_ ? 0 : layout_.first(j_);
     for (size_t left = headers_.size(); left > 0; --left) {
       auto c = co_await engine::any_receive(net_);
       if (!c.ok()) co_return c.status();
@@ -125,7 +128,7 @@ class SumAcross {
     }
     if (Status s = co_await engine::sends_done(net_); !s.ok()) co_return s;
 
-    if (!scatter_ && layout_.locals > 1) {
+    if (!scatter_ && !layout_.whole && layout_.locals > 1) {
       const auto t1 = Clock::now();
       Status s = co_await share_sums(st, layout_.slabs, out_);
       intra_ns += ns_since(t1);
@@ -139,7 +142,7 @@ class SumAcross {
 
   // Step 1: this server's partial sums of this member's slab, at partial_.
   engine::Task<Status> partial_sums(CallState& st) {
-    const size_t slab = layout_.slabs.size(j_);
+    const size_t slab = layout_.size(j_);
     if (layout_.locals == 1) {
       // The slab is the input. It is sent as it is unless it must be widened,
       // or an all_reduce in place would overwrite it while it is being sent.
@@ -166,6 +169,9 @@ class SumAcross {
       sums_.partial(partials + wide(offset), srcs, n, bytes);
     };
     FunctionRef<void(size_t, const std::byte* const*, int, size_t)> sum_ref(sum);
+    // (out_: an all_reduce in place must not let peers read the input where
+    // it lies, as this member overwrites it with the sums.)
+    if (layout_.whole) co_return co_await sum_everything(st, out_, sum_ref);
     if (!scatter_) co_return co_await scatter_sums(st, layout_.slabs, 0, sum_ref);
     // Slab d holds the chunks of members d, L+d, 2L+d, ...: byte x of it is
     // byte x % chunk of chunk (x / chunk) * L + d of the input.
@@ -206,6 +212,10 @@ class SumAcross {
 };
 
 }  // namespace
+
+bool sums_whole(const Topology& topo, const GatherCall& call) {
+  return call.op == OpCode::kAllReduce && topo.local_count() > 1 && call.bytes <= kSumWholeMaxBytes;
+}
 
 size_t exchanged_bytes(const Topology& topo, const GatherCall& call) {
   const Layout layout(topo, call);

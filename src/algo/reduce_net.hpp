@@ -14,6 +14,8 @@
 //    as the pieces complete.
 // 4. all_reduce: the summed slabs shared within the server (the two-shot's
 //    second half).
+// A small all_reduce (sums_whole) has one slab, the whole input, for every
+// member: step 1 is the one-shot sum, 2 sends all of it, 4 is not needed.
 // Every element is the sum of each server's members in member order, then
 // of the servers' partial sums in server order: the same bits on every
 // member and every run. With one member per server, step 1 is the input.
@@ -49,6 +51,16 @@ struct SumsAcross {
   // kept by the caller between calls (null: allocated for the call).
   std::vector<std::byte>* work = nullptr;
 };
+
+// Up to this size per member an all_reduce across servers is summed whole
+// within each server (one step: every member sums all of its server's
+// inputs, as the one-shot does) and every member exchanges all of its
+// partial sums, so that no step is needed to share the sums afterwards:
+// for a small sum the steps cost more than the bytes. Measured with 2 servers
+// of 2 ranks on 2 cores (docs/benchmarks.md, "Sums across servers"): as fast
+// or faster up to 16 KB, level at 32 KB, slower at 64 KB.
+constexpr size_t kSumWholeMaxBytes = 32 << 10;
+bool sums_whole(const Topology& topo, const GatherCall& call);
 
 // The largest message the exchange sends for this call, in the dtype's bytes.
 size_t exchanged_bytes(const Topology& topo, const GatherCall& call);

@@ -19,6 +19,11 @@ namespace fastgather::algo {
 engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at, Sum sum,
                                   const Produce* produce = nullptr, std::byte* scratch = nullptr);
 
+// Every member sums all of everyone's input, a step at a time: the result
+// at sum's offset in the input. `out` is where the result goes: where it is
+// not the input, peers may read the input where it lies.
+engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum);
+
 // Two-shot's second half: each member's summed chunk (at out + its first())
 // to every peer, which copies it to the same place of its own out.
 engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* out);
