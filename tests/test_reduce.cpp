@@ -391,6 +391,12 @@ TEST(Reduce, AcrossServersOneRankEachServer) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return every_case(c, false, Schedule::kAuto, 1); }, opt));
 }
 
+TEST(Reduce, AcrossServersThreeServersOfTwoRanks) {
+  fgtest::JobOptions opt;
+  opt.servers = 3;
+  fgtest::expect_all_ok(fgtest::run_job(6, [](const Config& c) { return every_case(c, false, Schedule::kAuto, 2); }, opt));
+}
+
 TEST(Reduce, AcrossServersOneShotGathersTheInputs) {
   fgtest::JobOptions opt;
   opt.servers = 2;
@@ -580,12 +586,15 @@ TEST_P(MatmulReduceScatterWorlds, MatchesItWithOpenBlas) {
 INSTANTIATE_TEST_SUITE_P(Ranks, MatmulReduceScatterWorlds, ::testing::Values(1, 2, 3));
 
 // Across servers (hierarchical: the product made into each server's ring,
-// partial sums exchanged): 2 ranks on each of 2 servers, and 1 on each.
+// partial sums exchanged): 2 ranks on each of 2 servers, 1 on each of 2,
+// and 2 on each of 3.
 TEST(MatmulReduceScatter, AcrossServersMatchesTheReferenceBitForBit) {
   fgtest::JobOptions opt;
   opt.servers = 2;
   fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) { return matmul_reduce_scatter_cases(c, 1); }, opt));
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) { return matmul_reduce_scatter_cases(c, 2); }, opt));
+  opt.servers = 3;
+  fgtest::expect_all_ok(fgtest::run_job(6, [](const Config& c) { return matmul_reduce_scatter_cases(c, 1); }, opt));
 }
 
 TEST(MatmulReduceScatter, AnotherKIsAMismatchAndBadShapesAreRefused) {

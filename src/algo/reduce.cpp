@@ -38,7 +38,7 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
   const bool from_heap = produce == nullptr && st.plan.in_place && ch.heap() != nullptr &&
                          ch.heap()->own_offset(call.input, call.bytes);
   const size_t sub = inline_data ? std::max<size_t>(chunks.each, 1) : st.plan.piece;
-  std::vector<const std::byte*> srcs(static_cast<size_t>(n));
+  Sources srcs(n);
   for (size_t off = 0; st.first || off < chunks.each; off += sub) {
     const size_t stride = part(chunks.each, off, sub);  // every member's piece has room for this much
     const size_t len_me = part(chunks.size(me), off, stride);
@@ -106,7 +106,7 @@ engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum
   // In place (out is the input) a peer must not read the input where it
   // lies: this member overwrites each piece once it has summed it.
   const bool own_heap = call.input != out;
-  std::vector<const std::byte*> srcs(static_cast<size_t>(n));
+  Sources srcs(n);
   for (size_t off = 0; st.first || off < call.bytes;) {
     const size_t len = std::min(st.plan.piece, call.bytes - off);
     const Step step{.inline_data = inline_data, .data = call.input + off, .len = len, .may_be_in_place = own_heap};

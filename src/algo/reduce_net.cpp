@@ -104,7 +104,7 @@ class SumAcross {
 
     // Each piece is summed once every other server's part of it is here.
     std::vector<int> arrived(pieces_.count(), 0);
-    std::vector<const std::byte*> srcs(static_cast<size_t>(S));
+    Sources srcs(S);
     const size_t result_at = scatter_ ? 0 : layout_.first(j_);
     for (size_t left = headers_.size(); left > 0; --left) {
       auto c = co_await engine::any_receive(net_);

@@ -2,12 +2,28 @@
 // (reduce.cpp) and across servers (reduce_net.cpp).
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <vector>
 
 #include "algo/lockstep.hpp"
 #include "algo/reduce.hpp"
 
 namespace fastgather::algo {
+
+// The sources of one sum, one per member: in place for the usual group
+// sizes, so that a call does not allocate on its hot path.
+class Sources {
+ public:
+  explicit Sources(int n) : heap_(n > kInPlace ? static_cast<size_t>(n) : 0) {}
+  const std::byte** data() { return heap_.empty() ? in_place_.data() : heap_.data(); }
+  const std::byte*& operator[](size_t i) { return data()[i]; }
+
+ private:
+  static constexpr int kInPlace = 16;
+  std::array<const std::byte*, kInPlace> in_place_{};
+  std::vector<const std::byte*> heap_;
+};
 
 // Every member sends each peer its piece of the peer's chunk, a piece per
 // peer in each step, and sums the pieces of its own chunk as they come:
