@@ -168,36 +168,23 @@ bool same_members_per_server(const Topology& topo) {
 
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
   const bool sums = call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce;
-  if (call.op == OpCode::kMatmulReduceScatter && g.topo.servers() > 1) {
-    if (same_members_per_server(g.topo) && (call.schedule == Schedule::kAuto || call.schedule == Schedule::kHierarchical)) {
-      return plan_sum_across(g, call);
-    }
-    CallPlan p;
-    p.asked = call.schedule;
-    p.error = Status{ErrorKind::kUnsupported,
-                     fmt::format("{}: across servers {} runs hierarchical, with the same number of members on every "
-                                 "server", g.label, op_name(call.op))};
-    return p;
-  }
-  if (sums && g.topo.servers() > 1) {
-    const bool even = same_members_per_server(g.topo);
+  const bool fused = call.op == OpCode::kMatmulReduceScatter;
+  if ((sums || fused) && g.topo.servers() > 1) {
     auto refuse = [&](std::string why) {
       CallPlan p;
       p.asked = call.schedule;
       p.error = Status{ErrorKind::kUnsupported, fmt::format("{}: across servers {} {}", g.label, op_name(call.op), why)};
       return p;
     };
-    switch (call.schedule) {
-      case Schedule::kAuto:
-        if (even) return plan_sum_across(g, call);
-        break;
-      case Schedule::kHierarchical:
-        if (even) return plan_sum_across(g, call);
-        return refuse("runs hierarchical only with the same number of members on every server");
-      case Schedule::kOneShot: break;
-      default:
-        return refuse(fmt::format("runs hierarchical (reduce within servers, exchange, spread) or one-shot (an "
-                                  "all-gather of the inputs), not {}", to_string(call.schedule)));
+    const bool hierarchical = call.schedule == Schedule::kAuto || call.schedule == Schedule::kHierarchical;
+    if (hierarchical && same_members_per_server(g.topo)) return plan_sum_across(g, call);
+    // The fused op has no one-shot across servers.
+    if (fused || call.schedule == Schedule::kHierarchical) {
+      return refuse("runs hierarchical, and only with the same number of members on every server");
+    }
+    if (call.schedule != Schedule::kAuto && call.schedule != Schedule::kOneShot) {
+      return refuse(fmt::format("runs hierarchical (reduce within servers, exchange, spread) or one-shot (an "
+                                "all-gather of the inputs), not {}", to_string(call.schedule)));
     }
     // One-shot: every member's input gathered (an all-gather whose header
     // names the sum), and each member sums what it needs.
@@ -208,7 +195,7 @@ CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
     p.gathers_inputs = true;
     return p;
   }
-  if (sums || call.op == OpCode::kMatmulReduceScatter) return plan_reduction(g, call);
+  if (sums || fused) return plan_reduction(g, call);
   return plan_gather(g, call);
 }
 
