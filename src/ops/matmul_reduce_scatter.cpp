@@ -157,10 +157,11 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
     algo::Produce produce_ref(produce);
     algo::GatherStats st;
     call.stats = &st;
-    const bool was_broken = ops::across_broken(i);
-    s = co_await algo::sum_across(*i.channel, *i.net, i.shape.topo, call, plan, nullptr,
-                                  {.partial = partial, .of_partials = sum, .widen = 1, .produce = &produce_ref, .work = &i.sum_work});
-    s = ops::explain_across(i, std::move(s), was_broken, st.headers_compared);
+    s = co_await ops::explained(i,
+                                algo::sum_across(*i.channel, *i.net, i.shape.topo, call, plan, nullptr,
+                                                 {.partial = partial, .of_partials = sum, .widen = 1,
+                                                  .produce = &produce_ref, .work = &i.sum_work}),
+                                st);
   } else {
     s = co_await algo::reduce_scatter_produced(channel_of(group), call, plan, produce, reinterpret_cast<std::byte*>(own), sum);
   }

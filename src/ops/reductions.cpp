@@ -74,13 +74,13 @@ engine::Task<Status> sum_across(Group& group, algo::GatherCall call, const algo:
   };
   algo::GatherStats st;
   call.stats = &st;
-  const bool was_broken = ops::across_broken(i);
-  Status s = co_await algo::sum_across(*i.channel, *i.net, i.shape.topo, call, plan, out,
-                                       {.partial = partial,
-                                        .of_partials = of_partials,
-                                        .widen = ops::widening(dtype),
-                                        .work = &i.sum_work});
-  s = ops::explain_across(i, std::move(s), was_broken, st.headers_compared);
+  Status s = co_await ops::explained(i,
+                                     algo::sum_across(*i.channel, *i.net, i.shape.topo, call, plan, out,
+                                                      {.partial = partial,
+                                                       .of_partials = of_partials,
+                                                       .widen = ops::widening(dtype),
+                                                       .work = &i.sum_work}),
+                                     st);
   if (stats != nullptr) {
     *stats = {};
     stats->schedule = plan.schedule;

@@ -21,8 +21,6 @@ inline algo::CallPlan plan_for(Group& g, algo::GatherCall& call) {
   return algo::plan_call(impl_of(g)->shape, call);
 }
 
-inline bool across_broken(Group::Impl& i) { return !i.net->broken().ok() || !i.channel->broken().ok(); }
-
 // The words for a call across servers that failed (was_broken: the group
 // had failed before it). Says what this member saw at once, if it names both
 // calls (headers_compared); otherwise what another member saw may say more
@@ -38,6 +36,15 @@ inline Status explain_across(Group::Impl& i, Status s, bool was_broken, bool hea
   }
   if (!told && s.kind() == ErrorKind::kMismatch) i.publish_failure(s);
   return s;
+}
+
+// Runs `call` across servers (gather_across, sum_across: a Task starts only
+// when awaited) and says its failure in explain_across's words; `st` is the
+// stats the call fills.
+inline engine::Task<Status> explained(Group::Impl& i, engine::Task<Status> call, const algo::GatherStats& st) {
+  const bool was_broken = !i.net->broken().ok() || !i.channel->broken().ok();
+  Status s = co_await call;
+  co_return explain_across(i, std::move(s), was_broken, st.headers_compared);
 }
 
 // Runs `plan` (plan_for's for this call) on the group: within one server, or
@@ -56,9 +63,7 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Ca
     s = co_await algo::gather(*i.channel, call, plan, sink);
     st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   } else {
-    const bool was_broken = across_broken(i);
-    s = co_await algo::gather_across(*i.channel, *i.net, i.shape.topo, call, plan, sink);
-    s = explain_across(i, std::move(s), was_broken, st.headers_compared);
+    s = co_await explained(i, algo::gather_across(*i.channel, *i.net, i.shape.topo, call, plan, sink), st);
   }
   if (stats != nullptr) {
     // Single copy that fell back ran copy-in/copy-out.
