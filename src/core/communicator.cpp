@@ -533,6 +533,7 @@ class GroupBuilder {
     if (spans_) {
       awaited_.push_back(key_ + "/id");
       awaited_.push_back(fmt::format("{}/ucx/{}", key_, c_.config.rank));
+      awaited_.push_back(fmt::format("{}/ucx/{}/read", key_, c_.config.rank));
     }
   }
 
@@ -703,6 +704,17 @@ class GroupBuilder {
       // empty or outsized one is no address at all.
       if (Status s = bootstrap::check_blob(addr_key, addr.value(), bootstrap::kMaxWorkerAddress); !s.ok()) return fail(s);
       addresses[m] = std::move(addr).value();
+    }
+    // Nobody connects until every member on another server has taken every
+    // address it needs: one that refused an address fails the group through
+    // the store (its failure under this key), instead of leaving while its
+    // peers' connections are on their way to it. A connection refused in the
+    // middle of UCX 1.13's wire-up can end in an assertion inside UCX, a
+    // SIGABRT in the peer (seen: UntrustedStore.AnEmptyOrOutsizedWorkerAddressIsRefused).
+    if (Status s = c_.store->set(fmt::format("{}/ucx/{}/read", key_, me_world), "1"); !s.ok()) return fail(s);
+    for (size_t m = 0; m < ranks_.size(); ++m) {
+      if (server_of_member_[m] == c_.config.server_index) continue;
+      if (auto ready = read(fmt::format("{}/ucx/{}/read", key_, ranks_[m])); !ready.ok()) return fail(ready.status());
     }
     auto net = transport::NetChannel::connect(std::move(worker).value(), static_cast<uint16_t>(net_id.value()), ranks_,
                                               me_, addresses, label_);
