@@ -72,17 +72,22 @@ run mismatch 1 4 "$ARGS" "${ARGS/--hidden 3072/--hidden 1024}"
 check mismatch 'grep -q "FG_TOKEN is not set" "$TMP/mismatch.0.out"' "without FG_TOKEN, rank 0 warns"
 check mismatch '[ "$(rc mismatch 0)" != 0 ] && [ "$(rc mismatch 1)" != 0 ]' "a mismatch makes both servers exit non-zero"
 check mismatch 'grep -q "Mismatch" "$TMP/mismatch.0.out" "$TMP/mismatch.1.out"' "and the mismatch is named"
-# From PyTorch: one rank per host, the world gloo, a fastgather group across the hosts (UCX).
+# From PyTorch: two ranks per host, the world gloo, a fastgather group across the hosts (shared
+# memory within each, UCX between them): the gathers, the sums, the uneven gather, both fused ops.
 if [ -n "$PY" ]; then
   port=$((29900 + RANDOM % 90))
-  for r in 0 1; do
-    ns=$A dev=$VA; [ $r = 1 ] && ns=$B dev=$VB
+  for r in 0 1 2 3; do
+    ns=$A dev=$VA; [ $r -ge 2 ] && ns=$B dev=$VB
     (ip netns exec "$ns" env PYTHONPATH="$PYPATH" FG_TEST_MASTER="$IP_A" GLOO_SOCKET_IFNAME="$dev" \
-       timeout 300 "$PY" "$WORKERS" across_hosts $r 2 $port \
+       timeout 300 "$PY" "$WORKERS" across_hosts $r 4 $port \
        >"$TMP/torch.$r.out" 2>&1; echo $? >"$TMP/torch.$r.rc") &
   done
   wait
-  check torch '[ "$(rc torch 0)" = 0 ] && [ "$(rc torch 1)" = 0 ]' "torch.distributed across two hosts: every byte right over UCX"
+  check torch '[ "$(rc torch 0)$(rc torch 1)$(rc torch 2)$(rc torch 3)" = 0000 ]' \
+    "torch.distributed, 2 ranks on each of two hosts: every byte right over UCX"
+  if [ "$(rc torch 0)$(rc torch 1)$(rc torch 2)$(rc torch 3)" != 0000 ]; then
+    for r in 2 3; do echo "--- torch rank $r (exit $(rc torch $r))"; tail -25 "$TMP/torch.$r.out"; done
+  fi
 fi
 echo "netns_two_hosts: $fails failed"
 [ "$fails" = 0 ]

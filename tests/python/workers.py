@@ -14,8 +14,10 @@ import torch.distributed as dist
 
 import fastgather
 
-# torch 2.13 calls all_gather_into_tensor deprecated (for all_gather_single); it is what users call.
+# torch 2.13 calls all_gather_into_tensor and reduce_scatter_tensor deprecated (for the *_single
+# names); they are what users call.
 warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated")
+warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*is deprecated")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
           torch.int32, torch.int64, torch.bool]
@@ -434,7 +436,8 @@ def world_backend(rank, world):
 
 
 def across_hosts(rank, world):
-    """Ranks on different hosts (network namespaces): UCX between them, every byte right."""
+    """Ranks on different hosts (network namespaces): UCX between them, every byte right, for every
+    op the backend serves across hosts."""
     fg = dist.new_group(list(range(world)), backend="fastgather", timeout=datetime.timedelta(seconds=30))
     check("UCX" in fastgather.transport(fg), fastgather.transport(fg))
     for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.bool]:
@@ -452,6 +455,42 @@ def across_hosts(rank, world):
     full = torch.cat([pattern(r, torch.float16, (16, 64)) for r in range(world)])
     check(same_bytes(gathered, full), "fused gather_out")
     check(torch.equal(out.double(), (full.double() @ x2.double()).half().double()), "fused output")
+    # The sums (hierarchical where each host holds as many members: reduced within the host, exchanged
+    # between hosts, spread within): the integer patterns sum exactly, so every bit is known.
+    for dtype in [torch.float32, torch.bfloat16, torch.float16, torch.int64]:
+        for rows, cols in [(1, 7), (8, 3072), (300, 1001)]:
+            shape = (world * rows, cols)
+            x = pattern(rank, dtype, shape, salt=1)
+            want = summed([pattern(r, dtype, shape, salt=1) for r in range(world)], dtype)
+            y = x.clone()
+            dist.all_reduce(y, group=fg)
+            check(same_bytes(y, want), f"all_reduce {dtype} {shape}")
+            part = torch.empty((rows, cols), dtype=dtype)
+            dist.reduce_scatter_tensor(part, x, group=fg)
+            check(same_bytes(part, want[rank * rows:(rank + 1) * rows]), f"reduce_scatter_tensor {dtype} {shape}")
+    # Tensors of a different size on every rank, one of them empty.
+    for dtype in [torch.float32, torch.int8]:
+        shapes = [((r * 7919) % 5003, 3) for r in range(world)]
+        outs = [torch.empty(s, dtype=dtype) for s in shapes]
+        dist.all_gather(outs, pattern(rank, dtype, shapes[rank], salt=2), group=fg)
+        for r, o in enumerate(outs):
+            check(same_bytes(o, pattern(r, dtype, shapes[r], salt=2)), f"uneven all_gather {dtype}: rank {r}")
+    # The fused matmul + reduce-scatter against a float64 reference.
+    hcom = fastgather.get_comm_name(fg, rank)
+    for dtype in [torch.bfloat16, torch.float32]:
+        rows, k, n = 6, 96, 40
+        m = rows * world
+
+        def make(r, shape, salt):
+            g = torch.Generator().manual_seed(7 * r + 13 * salt + m)
+            return (torch.rand(shape, generator=g, dtype=torch.float64) - 0.5).to(dtype)
+        bias = make(99, (n,), 3)
+        out = fastgather.mm_reduce_scatter_base(make(rank, (m, k), 1), make(rank, (k, n), 2), hcom, world, bias=bias)
+        ref = sum(make(r, (m, k), 1).double() @ make(r, (k, n), 2).double() for r in range(world))
+        ref = ref[rank * rows:(rank + 1) * rows] + bias.double()
+        err = (out.double() - ref).abs().max().item()
+        check(out.dtype == dtype and out.shape == (rows, n) and err <= TOL[dtype] * max(ref.abs().max().item(), 1.0)
+              * (k ** 0.5) * world, f"mm_reduce_scatter_base {dtype}: {tuple(out.shape)}, max error {err}")
     print(f"rank {rank}: {fastgather.transport(fg)}", file=sys.stderr)
 
 def world_backend_env(rank, world):
