@@ -48,6 +48,8 @@ engine::Task<Status> gather_and_sum(Group& group, algo::GatherCall call, std::by
     std::byte* dst = landing(member) + off;
     if (dst != src) std::memcpy(dst, src, len);
   };
+  // Planned again, now that the call has a landing: the gather's plan
+  // depends on one (a relay between servers forwards from where blocks land).
   Status s = co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, stats);
   if (!s.ok()) co_return s;
   const bool scatter = call.op == algo::OpCode::kReduceScatter;
