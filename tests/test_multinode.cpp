@@ -13,6 +13,7 @@
 
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
+#include "transport/net_channel.hpp"
 
 using namespace fastgather;
 using fgtest::check_pattern;
@@ -219,6 +220,27 @@ TEST(AcrossServers, TwoGroupsDrivenFromTwoThreadsAtOnce) {
       drive(&(*comm)->world(), 0);
       other.join();
       return errors[0] + errors[1];
+    }, jo);
+    fgtest::expect_all_ok(results);
+  }
+}
+
+// A job on one server never loads UCX: none of its libraries is mapped in a
+// rank, before or after its communicator made a group and ran a call (so
+// libucm's hooks, and the fork hazard they bring, stay out of the process:
+// src/transport/ucx_api.hpp). A job across servers loads it in every rank.
+TEST(Ucx, OnlyJobsAcrossServersLoadIt) {
+  for (int servers : {1, 2}) {
+    fgtest::JobOptions jo;
+    jo.servers = servers;
+    auto results = fgtest::run_job(2, [&](const Config& c) -> std::string {
+      RANK_CHECK(!transport::ucx_mapped(), "UCX is mapped in a rank before its communicator");
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      if (std::string e = both_forms((*comm)->world(), 4096, Schedule::kAuto, 1); !e.empty()) return e;
+      const bool mapped = transport::ucx_mapped();
+      RANK_CHECK(mapped == (servers > 1), "with {} server(s), UCX is {}mapped", servers, mapped ? "" : "not ");
+      return "";
     }, jo);
     fgtest::expect_all_ok(results);
   }

@@ -6,9 +6,8 @@
 #include <optional>
 
 #include <fmt/format.h>
-#include <ucp/api/ucp.h>
-
 #include "base/env.hpp"
+#include "transport/ucx_api.hpp"
 
 namespace fastgather::transport {
 namespace {
@@ -16,7 +15,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 Status ucx_error(const std::string& what, ucs_status_t st) {
-  return {ErrorKind::kSystem, fmt::format("{}: UCX: {}", what, ucs_status_string(st))};
+  return {ErrorKind::kSystem, fmt::format("{}: UCX: {}", what, ucx().ucs_status_string(st))};
 }
 
 bool env_set(const char* name) { return base::env_text(name).has_value(); }
@@ -40,7 +39,7 @@ struct UcxContext::Impl {
   ucp_context_h context = nullptr;
   std::string describe;
   ~Impl() {
-    if (context != nullptr) ucp_cleanup(context);
+    if (context != nullptr) ucx().ucp_cleanup(context);
   }
 };
 
@@ -53,7 +52,7 @@ struct UcxWorker::Impl {
   int efd = -1;
   std::string address;
   ~Impl() {
-    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (worker != nullptr) ucx().ucp_worker_destroy(worker);
   }
 };
 
@@ -66,21 +65,22 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(UcxContext& context) {
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  ucs_status_t st = ucp_worker_create(context.impl()->context, &wp, &impl->worker);
+  ucs_status_t st = ucx().ucp_worker_create(context.impl()->context, &wp, &impl->worker);
   if (st != UCS_OK) return ucx_error("creating a UCX worker", st);
-  if (st = ucp_worker_get_efd(impl->worker, &impl->efd); st != UCS_OK) return ucx_error("getting the UCX worker's event fd", st);
+  if (st = ucx().ucp_worker_get_efd(impl->worker, &impl->efd); st != UCS_OK) return ucx_error("getting the UCX worker's event fd", st);
   ucp_address_t* addr = nullptr;
   size_t len = 0;
-  if (st = ucp_worker_get_address(impl->worker, &addr, &len); st != UCS_OK) return ucx_error("getting the UCX worker address", st);
+  if (st = ucx().ucp_worker_get_address(impl->worker, &addr, &len); st != UCS_OK) return ucx_error("getting the UCX worker address", st);
   impl->address.assign(reinterpret_cast<const char*>(addr), len);
-  ucp_worker_release_address(impl->worker, addr);
+  ucx().ucp_worker_release_address(impl->worker, addr);
   return std::unique_ptr<UcxWorker>(new UcxWorker(std::move(impl)));
 }
 
 Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
+  if (auto api = load_ucx(); !api.ok()) return api.status();
   auto impl = std::make_unique<Impl>();
   ucp_config_t* config = nullptr;
-  if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) return ucx_error("reading the UCX configuration", st);
+  if (ucs_status_t st = ucx().ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) return ucx_error("reading the UCX configuration", st);
   std::string tls = base::env_text("UCX_TLS").value_or("default");
   std::string devices = base::env_text("UCX_NET_DEVICES").value_or("default");
   std::string extra;
@@ -88,20 +88,20 @@ Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
     // Simulated servers share this host; UCX would otherwise pick shared
     // memory between them, and the simulation would measure nothing of the network.
     if (!env_set("UCX_TLS")) {
-      ucp_config_modify(config, "TLS", "tcp");
+      ucx().ucp_config_modify(config, "TLS", "tcp");
       tls = "tcp";
     }
     if (!env_set("UCX_NET_DEVICES")) {
-      ucp_config_modify(config, "NET_DEVICES", "lo");
+      ucx().ucp_config_modify(config, "NET_DEVICES", "lo");
       devices = "lo";
     }
     // Over TCP, rendezvous saves no copy and costs round trips: eager sends
     // measured 2-3x faster here from 96 KB to 6 MB (docs/multinode.md).
     if (!env_set("UCX_RNDV_THRESH") && tls == "tcp") {
-      ucp_config_modify(config, "RNDV_THRESH", "inf");
+      ucx().ucp_config_modify(config, "RNDV_THRESH", "inf");
       extra += ", UCX_RNDV_THRESH=inf";
     }
-    // TCP segments are a transport setting that ucp_config_modify() does
+    // TCP segments are a transport setting that ucx().ucp_config_modify() does
     // not reach (UCX 1.13: it says yes and changes nothing); UCX reads them
     // from the environment only, which the library leaves alone. fg-bench
     // sets 256 KiB for the servers it simulates (docs/multinode.md).
@@ -117,11 +117,11 @@ Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.name = "fastgather";
-  ucs_status_t st = ucp_init(&params, config, &impl->context);
-  ucp_config_release(config);
+  ucs_status_t st = ucx().init(&params, config, &impl->context);
+  ucx().ucp_config_release(config);
   if (st != UCS_OK) return ucx_error("initialising UCX", st);
 
-  impl->describe = fmt::format("UCX {}, UCX_TLS={}, UCX_NET_DEVICES={}{}{}", ucp_get_version_string(), tls, devices,
+  impl->describe = fmt::format("UCX {}, UCX_TLS={}, UCX_NET_DEVICES={}{}{}", ucx().ucp_get_version_string(), tls, devices,
                                extra, options.loopback ? " (simulated servers on one host: loopback)" : "");
   return std::unique_ptr<UcxContext>(new UcxContext(std::move(impl)));
 }
@@ -160,10 +160,10 @@ struct NetChannel::Impl {
   // Polls one op; true once complete.
   bool poll(Op& op, bool is_recv) {
     if (op.request == nullptr) return true;
-    ucs_status_t st = is_recv ? ucp_tag_recv_request_test(op.request, &op.info) : ucp_request_check_status(op.request);
+    ucs_status_t st = is_recv ? ucx().ucp_tag_recv_request_test(op.request, &op.info) : ucx().ucp_request_check_status(op.request);
     if (st == UCS_INPROGRESS) return false;
     op.status = st;
-    ucp_request_free(op.request);
+    ucx().ucp_request_free(op.request);
     op.request = nullptr;
     return true;
   }
@@ -176,7 +176,7 @@ struct NetChannel::Impl {
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       p.flags = graceful && e.error == UCS_OK ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(e.ep, &p);
+      ucs_status_ptr_t r = ucx().ucp_ep_close_nbx(e.ep, &p);
       if (r != nullptr && UCS_PTR_IS_PTR(r)) closing.push_back(r);
       e.ep = nullptr;
     }
@@ -188,8 +188,8 @@ struct NetChannel::Impl {
     for (auto& op : recvs) busy |= !poll(*op, true);
     for (auto& op : sends) busy |= !poll(*op, false);
     for (void*& r : closing) {
-      if (r != nullptr && ucp_request_check_status(r) != UCS_INPROGRESS) {
-        ucp_request_free(r);
+      if (r != nullptr && ucx().ucp_request_check_status(r) != UCS_INPROGRESS) {
+        ucx().ucp_request_free(r);
         r = nullptr;
       }
       busy |= r != nullptr;
@@ -202,15 +202,15 @@ struct NetChannel::Impl {
   // memory, as none was registered).
   void drain(std::chrono::milliseconds bound) {
     const auto until = Clock::now() + bound;
-    while (!settled() && Clock::now() < until) ucp_worker_progress(w->worker);
+    while (!settled() && Clock::now() < until) ucx().ucp_worker_progress(w->worker);
     for (auto* list : {&recvs, &sends}) {
       for (auto& op : *list) {
-        if (op->request != nullptr) ucp_request_free(op->request);
+        if (op->request != nullptr) ucx().ucp_request_free(op->request);
       }
       list->clear();
     }
     for (void* r : closing) {
-      if (r != nullptr) ucp_request_free(r);
+      if (r != nullptr) ucx().ucp_request_free(r);
     }
     closing.clear();
   }
@@ -219,7 +219,7 @@ struct NetChannel::Impl {
   // their sends with an error), and let UCX let go of every buffer.
   void abandon() {
     for (auto& op : recvs) {
-      if (op->request != nullptr) ucp_request_cancel(w->worker, op->request);
+      if (op->request != nullptr) ucx().ucp_request_cancel(w->worker, op->request);
     }
     close_endpoints(false);
     drain(std::chrono::milliseconds(500));
@@ -251,7 +251,7 @@ Result<std::unique_ptr<NetChannel>> NetChannel::connect(std::unique_ptr<UcxWorke
     p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     p.err_handler.cb = on_ep_error;
     p.err_handler.arg = &e;
-    if (ucs_status_t st = ucp_ep_create(ch->impl_->w->worker, &p, &e.ep); st != UCS_OK) {
+    if (ucs_status_t st = ucx().ucp_ep_create(ch->impl_->w->worker, &p, &e.ep); st != UCS_OK) {
       return ucx_error(fmt::format("{}: connecting to rank {}", ch->label_, ch->world_ranks_[m]), st);
     }
   }
@@ -267,7 +267,7 @@ void NetChannel::begin_close() { impl_->close_endpoints(broken_.ok()); }
 
 bool NetChannel::closed() { return impl_->settled(); }
 
-void NetChannel::progress() { ucp_worker_progress(impl_->w->worker); }
+void NetChannel::progress() { ucx().ucp_worker_progress(impl_->w->worker); }
 
 Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov) {
   if (!broken_.ok()) return broken_;
@@ -279,12 +279,12 @@ Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::s
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_iov();
-  ucs_status_ptr_t r = ucp_tag_send_nbx(e.ep, op->iov.data(), op->iov.size(), make_tag(impl_->group, owner, call, piece), &p);
+  ucs_status_ptr_t r = ucx().ucp_tag_send_nbx(e.ep, op->iov.data(), op->iov.size(), make_tag(impl_->group, owner, call, piece), &p);
   if (UCS_PTR_IS_ERR(r)) {
     const ucs_status_t st = UCS_PTR_STATUS(r);
     Status s = peer_gone(st) || e.error != UCS_OK
                    ? Status{ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was sending (UCX: {})", label_,
-                                                              world_ranks_[to], world_ranks_[me_], ucs_status_string(st)),
+                                                              world_ranks_[to], world_ranks_[me_], ucx().ucs_status_string(st)),
                              world_ranks_[to]}
                    : ucx_error(fmt::format("{}: sending to rank {}", label_, world_ranks_[to]), st);
     fail(s);
@@ -307,7 +307,7 @@ Status NetChannel::recv(int from, int owner, uint32_t call, uint32_t piece, std:
   // completion of an iov receive (seen: the length stayed unset).
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.datatype = ucp_dt_make_iov();
-  ucs_status_ptr_t r = ucp_tag_recv_nbx(impl_->w->worker, op->iov.data(), op->iov.size(),
+  ucs_status_ptr_t r = ucx().ucp_tag_recv_nbx(impl_->w->worker, op->iov.data(), op->iov.size(),
                                         make_tag(impl_->group, owner, call, piece), ~uint64_t{0}, &p);
   if (UCS_PTR_IS_ERR(r)) {
     Status s = ucx_error(fmt::format("{}: receiving from rank {}", label_, world_ranks_[from]), UCS_PTR_STATUS(r));
@@ -386,7 +386,7 @@ Status NetChannel::check(const char* what, std::optional<Clock::time_point>& los
   if (Clock::now() - *lost_since <= kGrace) return Status::Ok();
   return {ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was {} (UCX: {})", label_,
                                             world_ranks_[lost_peer], world_ranks_[me_], what,
-                                            ucs_status_string(eps[lost_peer].error != UCS_OK ? eps[lost_peer].error
+                                            ucx().ucs_status_string(eps[lost_peer].error != UCS_OK ? eps[lost_peer].error
                                                                                                : UCS_ERR_CONNECTION_RESET)),
           world_ranks_[lost_peer]};
 }
@@ -406,7 +406,7 @@ Status NetChannel::timed_out(const char* what, std::chrono::milliseconds timeout
 
 void NetChannel::sleep(std::chrono::nanoseconds slice) {
   // Sleep until the worker has events (or the slice passes).
-  if (ucp_worker_arm(impl_->w->worker) != UCS_OK) return;  // BUSY: events pending; an error shows in check()
+  if (ucx().ucp_worker_arm(impl_->w->worker) != UCS_OK) return;  // BUSY: events pending; an error shows in check()
   pollfd p{impl_->w->efd, POLLIN, 0};
   const timespec ts{static_cast<time_t>(slice.count() / 1'000'000'000), static_cast<long>(slice.count() % 1'000'000'000)};
   ::ppoll(&p, 1, &ts, nullptr);

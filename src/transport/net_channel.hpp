@@ -32,7 +32,12 @@ struct NetIov {
   size_t len;
 };
 
-// One per process: UCX's context (transports, their configuration).
+// Whether this process has UCX's libraries mapped at all (from
+// /proc/self/maps: loaded by the first UcxContext, or by anyone else).
+bool ucx_mapped();
+
+// One per process: UCX's context (transports, their configuration). The
+// first one loads UCX (ucx_api.hpp); a process that makes none never does.
 class UcxContext {
  public:
   struct Options {
