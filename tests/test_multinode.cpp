@@ -245,3 +245,25 @@ TEST(Ucx, OnlyJobsAcrossServersLoadIt) {
     fgtest::expect_all_ok(results);
   }
 }
+
+// FG_UCX_LIBRARY naming what is not UCX - no such file, or a library without
+// UCX's functions: every rank's Communicator::create fails at once with
+// which library and why; no crash, no hang.
+TEST(Ucx, ALibraryThatIsNotUcxFailsEveryRankWithTheReason) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/nonexistent/libucp.so.0", "FG_UCX_LIBRARY=/nonexistent/libucp.so.0 could not be loaded"},
+      {"libm.so.6", "the library loaded as UCX (libm.so.6) has no ucp_"}};
+  for (const auto& [lib, words] : cases) {
+    fgtest::JobOptions jo;
+    jo.servers = 2;
+    auto results = fgtest::run_job(2, [&](const Config& c) -> std::string {
+      ::setenv("FG_UCX_LIBRARY", lib.c_str(), 1);
+      auto comm = Communicator::create(c);
+      RANK_CHECK(!comm.ok(), "a communicator across servers was made with FG_UCX_LIBRARY={}", lib);
+      RANK_CHECK(comm.status().message().find(words) != std::string::npos, "{:?} not in {}", words,
+                 comm.status().to_string());
+      return "";
+    }, jo);
+    fgtest::expect_all_ok(results);
+  }
+}

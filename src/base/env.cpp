@@ -56,6 +56,8 @@ constexpr EnvVar kTable[] = {
     {"PMI_SIZE", K::kText, 0, 0, "", "set by MPICH's and Slurm's launchers", "see FG_RANK"},
     {"PMIX_RANK", K::kText, 0, 0, "", "set by PMIx launchers", "see FG_RANK"},
     {"PMIX_SIZE", K::kText, 0, 0, "", "set by PMIx launchers", "see FG_RANK"},
+    {"FG_UCX_LIBRARY", K::kText, 0, 0, "", "the build's UCX (its libdir/libucp.so.0), then libucp.so.0 on the loader's path",
+     "across servers: the libucp to load (a path or a name for dlopen)"},
     {"UCX_TLS", K::kText, 0, 0, "", "UCX's; tcp when servers are simulated on one host", "UCX's transports (UCX reads it; fastgather only looks)"},
     {"UCX_NET_DEVICES", K::kText, 0, 0, "", "UCX's; lo when servers are simulated on one host", "UCX's devices (UCX reads it; fastgather only looks)"},
     {"UCX_RNDV_THRESH", K::kText, 0, 0, "", "UCX's; inf when simulated over TCP", "UCX's rendezvous threshold (UCX reads it; fastgather only looks)"},

@@ -1,12 +1,15 @@
 #include "transport/ucx_api.hpp"
 
+#include "base/env.hpp"
 #include "transport/net_channel.hpp"
 
 #include <dlfcn.h>
 
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,20 +20,28 @@ UcxApi g_api;
 Status g_error;  // why loading failed; meaningful once g_once has run
 
 void load_once() {
-  // Where the UCX the library was built against lives first (a UCX of its
-  // own prefix), then wherever the loader looks.
+  // The one FG_UCX_LIBRARY names; else where the UCX the library was built
+  // against lives (a UCX of its own prefix), then wherever the loader looks.
+  const std::optional<std::string> chosen = base::env_text("FG_UCX_LIBRARY");
+  std::vector<std::string> names;
+  if (chosen) {
+    names.push_back(*chosen);
+  } else {
+    names = {FG_UCX_LIBDIR "/libucp.so.0", "libucp.so.0"};
+  }
   std::string why;
   void* lib = nullptr;
-  for (const char* name : {FG_UCX_LIBDIR "/libucp.so.0", "libucp.so.0"}) {
+  for (const std::string& name : names) {
     // Never closed: UCX leaves threads and hooks behind that outlive any unload.
-    lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib != nullptr) break;
     const char* e = ::dlerror();
     why += fmt::format("{}{}", why.empty() ? "" : "; ", e != nullptr ? e : name);
   }
   if (lib == nullptr) {
-    g_error = {ErrorKind::kUnsupported,
-               fmt::format("a job across servers needs UCX, and libucp.so.0 could not be loaded: {}", why)};
+    g_error = {ErrorKind::kUnsupported, fmt::format("a job across servers needs UCX, and {} could not be loaded: {}",
+                                                    chosen ? "FG_UCX_LIBRARY=" + *chosen : std::string("libucp.so.0"),
+                                                    why)};
     return;
   }
   UcxApi api;
@@ -38,7 +49,8 @@ void load_once() {
     void* f = ::dlsym(lib, name);
     if (f == nullptr && g_error.ok()) {
       const char* e = ::dlerror();
-      g_error = {ErrorKind::kUnsupported, fmt::format("the UCX loaded has no {}: {}", name, e != nullptr ? e : "null")};
+      g_error = {ErrorKind::kUnsupported, fmt::format("the library loaded as UCX ({}) has no {}: {}",
+                                                      chosen.value_or("libucp.so.0"), name, e != nullptr ? e : "null")};
     }
     return f;
   };
