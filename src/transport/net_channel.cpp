@@ -6,6 +6,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+
 #include "base/env.hpp"
 #include "transport/ucx_api.hpp"
 
@@ -101,7 +102,7 @@ Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
       ucx().ucp_config_modify(config, "RNDV_THRESH", "inf");
       extra += ", UCX_RNDV_THRESH=inf";
     }
-    // TCP segments are a transport setting that ucx().ucp_config_modify() does
+    // TCP segments are a transport setting that ucp_config_modify() does
     // not reach (UCX 1.13: it says yes and changes nothing); UCX reads them
     // from the environment only, which the library leaves alone. fg-bench
     // sets 256 KiB for the servers it simulates (docs/multinode.md).
@@ -308,7 +309,7 @@ Status NetChannel::recv(int from, int owner, uint32_t call, uint32_t piece, std:
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.datatype = ucp_dt_make_iov();
   ucs_status_ptr_t r = ucx().ucp_tag_recv_nbx(impl_->w->worker, op->iov.data(), op->iov.size(),
-                                        make_tag(impl_->group, owner, call, piece), ~uint64_t{0}, &p);
+                                              make_tag(impl_->group, owner, call, piece), ~uint64_t{0}, &p);
   if (UCS_PTR_IS_ERR(r)) {
     Status s = ucx_error(fmt::format("{}: receiving from rank {}", label_, world_ranks_[from]), UCS_PTR_STATUS(r));
     fail(s);
@@ -386,8 +387,9 @@ Status NetChannel::check(const char* what, std::optional<Clock::time_point>& los
   if (Clock::now() - *lost_since <= kGrace) return Status::Ok();
   return {ErrorKind::kPeerLost, fmt::format("{}: lost rank {} while rank {} was {} (UCX: {})", label_,
                                             world_ranks_[lost_peer], world_ranks_[me_], what,
-                                            ucx().ucs_status_string(eps[lost_peer].error != UCS_OK ? eps[lost_peer].error
-                                                                                               : UCS_ERR_CONNECTION_RESET)),
+                                            ucx().ucs_status_string(eps[lost_peer].error != UCS_OK
+                                                                        ? eps[lost_peer].error
+                                                                        : UCS_ERR_CONNECTION_RESET)),
           world_ranks_[lost_peer]};
 }
 

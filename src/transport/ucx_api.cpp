@@ -1,8 +1,5 @@
 #include "transport/ucx_api.hpp"
 
-#include "base/env.hpp"
-#include "transport/net_channel.hpp"
-
 #include <dlfcn.h>
 
 #include <fstream>
@@ -12,6 +9,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "base/env.hpp"
+#include "transport/net_channel.hpp"
 
 namespace fastgather::transport {
 namespace {
