@@ -63,10 +63,9 @@ sanitizers() {
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j1 -E '^Soak\.|^ContentionTwelveRanks$'
   echo "== TSan build and tests (transport, store)"
-  # UCX's memory hooks (UCM), loaded with the library, crash under TSan's own
-  # interceptors (seen: a segfault at exit even in tests that never use UCX).
-  # These tests do not use UCX, so the hooks are turned off for them.
-  export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none
+  # These tests never span servers, so they never load UCX (src/transport/ucx_api.hpp),
+  # whose memory hooks (UCM) crash under TSan's own interceptors. (When the library
+  # linked UCX, they had to be turned off here: UCX_MEM_MALLOC_HOOKS=no.)
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFG_SANITIZE=thread -DFG_WITH_MPI=OFF >/dev/null
   cmake --build build-tsan -j"$(nproc)" --target test_shm_channel test_tcp_store
   TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/test_shm_channel
