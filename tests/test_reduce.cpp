@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "base/caches.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
 
@@ -523,9 +524,13 @@ std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
   Group& g = (*comm)->world();
   const int64_t w = g.size();
   int salt = 0;
+  // x2 twice this core's L2 (k = 32), with 64 rows or more: in fp32
+  // multiplied at once for its size alone.
+  const size_t l2 = fastgather::base::cache_bytes(2) != 0 ? fastgather::base::cache_bytes(2) : size_t{1} << 20;
+  const auto wide = static_cast<int64_t>(2 * l2 / (32 * sizeof(float)));
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (auto [rows_each, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {1, 5, 1}, {7, 300, 100}, {64, 33, 1000}, {3, 0, 16}, {0, 8, 8}, {50, 64, 3072}}) {
+             {1, 5, 1}, {7, 300, 100}, {64, 33, 1000}, {3, 0, 16}, {0, 8, 8}, {50, 64, 3072}, {32, 32, wide}}) {
       for (bool with_bias : {false, true}) {
         ++salt;
         const int64_t m = rows_each * w;
@@ -539,18 +544,26 @@ std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
         RANK_OK(matmul_reduce_scatter(g, x1.view(), x2.view(), b, out.view(), {.gemm_threads = gemm_threads, .stats = &stats}));
         RANK_CHECK(c.servers == 1 || stats.schedule == Schedule::kHierarchical, "across servers it ran {}",
                    to_string(stats.schedule));
+        // fp32: the wide x2 (beyond L2) and fewer than 64 rows are multiplied
+        // at once; at least 64 rows with an x2 well within L2, and other
+        // dtypes, a piece at a time (each member's chunk at least one call).
+        const size_t x2_bytes = static_cast<size_t>(k * n) * sizeof(float);
+        if (w > 1 && c.servers == 1 && m > 0 && (n == wide || x2_bytes <= l2 / 4)) {
+          const bool at_once = dtype == DType::kF32 && (n == wide || m < 64);
+          RANK_CHECK(at_once == (stats.gemm_calls == 1), "{} m={} k={} n={}: {} GEMM calls", dtype_name(dtype), m, k, n,
+                     stats.gemm_calls);
+        }
         // The reference, in float64: every rank's x1 @ x2, rows of this rank's chunk.
-        std::vector<double> want(static_cast<size_t>(rows_each * n), 0.0);
+        std::vector<double> want(static_cast<size_t>(rows_each * n), 0.0), b64(static_cast<size_t>(k * n));
         for (int r = 0; r < w; ++r) {
+          for (size_t q = 0; q < b64.size(); ++q) b64[q] = exact(r, salt + 1000, q);
           for (int64_t i = 0; i < rows_each; ++i) {
             const int64_t row = g.rank() * rows_each + i;
-            for (int64_t j = 0; j < n; ++j) {
-              double acc = 0;
-              for (int64_t q = 0; q < k; ++q) {
-                acc += static_cast<double>(exact(r, salt, static_cast<size_t>(row * k + q))) *
-                       exact(r, salt + 1000, static_cast<size_t>(q * n + j));
-              }
-              want[static_cast<size_t>(i * n + j)] += acc;
+            double* to = want.data() + i * n;
+            for (int64_t q = 0; q < k; ++q) {
+              const double x = exact(r, salt, static_cast<size_t>(row * k + q));
+              const double* b_row = b64.data() + q * n;
+              for (int64_t j = 0; j < n; ++j) to[j] += x * b_row[j];
             }
           }
         }

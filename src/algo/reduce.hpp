@@ -41,7 +41,9 @@ struct Chunks {
 };
 
 // call.op kReduceScatter: call.input holds n chunks of call.bytes / n bytes;
-// the result (call.bytes / n) is the sum of every member's chunk me.
+// the result (call.bytes / n) is the sum of every member's chunk me (also
+// kMatmulReduceScatter given its product whole: reduce_scatter_produced's
+// steps, the pieces copied from call.input).
 // call.op kAllReduce: the result (call.bytes, at out: the second half of
 // two-shot copies the others' sums there) is the sum of every member's
 // input; out may be call.input. `plan` is plan_call's for the call.

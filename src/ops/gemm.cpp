@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "base/caches.hpp"
 #include "ops/convert.hpp"
 
 #if defined(__x86_64__)
@@ -165,6 +166,13 @@ void PackedGemm::multiply(const void* a, size_t rows, void* c, DType c_dtype) {
     const size_t c_elt = dtype_size(c_dtype);
     for (size_t r = 0; r < rs; ++r) from_float(c_dtype, acc_ + r * width, c_bytes + (r0 + r) * n_ * c_elt, n_);
   }
+}
+
+bool multiply_whole(DType dtype, size_t m, size_t k, size_t n) {
+  size_t l2 = base::cache_bytes(2);
+  if (l2 == 0) l2 = size_t{1} << 20;
+  const size_t x2 = k * n * sizeof(float);
+  return dtype == DType::kF32 && (x2 > l2 / 2 || m < kWholeBelowRows) && m * n * sizeof(float) <= kWholeMaxBytes;
 }
 
 bool use_packed_gemm(int gemm_threads, const Settings& settings) {

@@ -27,6 +27,22 @@ bool use_packed_gemm(int gemm_threads, const Settings& settings);
 // threads asking for different counts would get out of step).
 void set_blas_threads(int threads);
 
+// Whether the fused matmul + reduce-scatter multiplies all m rows of x1
+// (m x k) @ x2 (k x n) in one call of OpenBLAS's sgemm on the operands as
+// they lie, before any row is sent, rather than a piece at a time with the
+// packed kernel straight into the ring. A piece at a time saves the
+// product's trip through memory and its copy into the ring, but x2 must be
+// packed for the pieces and streamed past every piece's few rows: where x2
+// does not stay in L2 (over half of it), or there are too few rows to pay
+// for packing it (kWholeBelowRows), the one call is faster. fp32 only: other
+// dtypes need converting for OpenBLAS, and there one packed call was no
+// faster than pieces (docs/benchmarks.md, "matmul_reduce_scatter"). Not
+// where the product would pass kWholeMaxBytes: the op keeps it in the
+// group's scratch for the next call.
+inline constexpr size_t kWholeBelowRows = 64;
+inline constexpr size_t kWholeMaxBytes = size_t{64} << 20;
+bool multiply_whole(DType dtype, size_t m, size_t k, size_t n);
+
 class PackedGemm {
  public:
   // floats of scratch pack() and multiply() need for this shape.

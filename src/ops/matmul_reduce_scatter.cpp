@@ -3,7 +3,10 @@
 // are multiplied straight into this rank's shared-memory ring, a step's worth
 // at a time, and this rank's own rows after its post, while the peers make
 // theirs: the product never exists whole, and is never copied into the ring.
-// Products travel and are summed in fp32, rounded once at the end.
+// Where that is slower than one GEMM call (ops::multiply_whole: fp32 with an
+// x2 beyond L2, or few rows), the whole product is made first and sent as a
+// reduce-scatter's input, in the same steps. Products travel and are summed
+// in fp32, rounded once at the end.
 #include <cblas.h>
 
 #include <chrono>
@@ -80,18 +83,22 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
   // a network piece at a time).
   const size_t piece_rows = row_f32 == 0 ? 0 : std::max(plan.piece, plan.net_piece) / row_f32;
 
+  const size_t chunk_rows = m / w;
+  const size_t sum_rows = std::max<size_t>(piece_rows, 1);  // rows one sum is given at most
+  const bool whole = ops::multiply_whole(dt, m, k, n);  // in one call of OpenBLAS, fp32
+  const size_t gemm_rows = whole ? m : sum_rows;  // rows one call of the GEMM makes
   // The GEMM: the packed kernel (x2 packed once per call), or OpenBLAS on fp32 copies.
-  const bool packed = ops::use_packed_gemm(options.gemm_threads, impl_of(group)->settings);
+  const bool packed = !whole && ops::use_packed_gemm(options.gemm_threads, impl_of(group)->settings);
   if (!packed) ops::set_blas_threads(options.gemm_threads);
   auto& scratch = impl_of(group)->scratch;
-  const size_t rows_at_once = std::max<size_t>(piece_rows, 1);
-  const size_t gemm_floats = packed ? ops::PackedGemm::scratch_floats(k, n) : (dt == DType::kF32 ? 0 : k * n + rows_at_once * k);
-  // After the GEMM's: this rank's own piece, the sums before rounding, the bias in fp32.
-  const size_t need = gemm_floats + 2 * rows_at_once * n + n;
+  const size_t gemm_floats = packed ? ops::PackedGemm::scratch_floats(k, n) : (dt == DType::kF32 ? 0 : k * n + gemm_rows * k);
+  // After the GEMM's: the product (whole) or this rank's own piece, the sums
+  // before rounding, the bias in fp32.
+  const size_t need = gemm_floats + gemm_rows * n + sum_rows * n + n;
   if (scratch.size() < need) scratch.resize(need);
   float* own = scratch.data() + gemm_floats;
-  float* sums = own + rows_at_once * n;
-  float* bias_f = sums + rows_at_once * n;
+  float* sums = own + gemm_rows * n;
+  float* bias_f = sums + sum_rows * n;
   if (bias) ops::to_float(dt, bias->data, bias_f, n);
   std::optional<ops::PackedGemm> gemm;
   const float* b_f32 = static_cast<const float*>(x2.data);
@@ -104,10 +111,11 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
     a_f32 = scratch.data() + k * n;
   }
   const auto* a = static_cast<const std::byte*>(x1.data);
-  const size_t chunk_rows = m / w;
 
   // Rows [first, first+rows) of x1 @ x2, in fp32, at dst.
+  size_t gemm_calls = 0;
   auto multiply = [&](size_t first, size_t rows, float* dst) {
+    ++gemm_calls;
     if (gemm) return gemm->multiply(a + first * k * elt, rows, dst, DType::kF32);
     if (k == 0 || n == 0) return void(std::memset(dst, 0, rows * n * sizeof(float)));
     const float* rows_f32 = reinterpret_cast<const float*>(a + first * k * elt);
@@ -118,9 +126,13 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k),
                 1.0f, rows_f32, static_cast<int>(k), b_f32, static_cast<int>(n), 0.0f, dst, static_cast<int>(n));
   };
-  // The rows of member's chunk at offset (in product bytes), made at dst.
+  // The rows of member's chunk at offset (in product bytes), made at dst, or
+  // copied there from the whole product.
+  const auto* product = reinterpret_cast<const std::byte*>(own);
   auto produce = [&](int member, size_t offset, size_t len, std::byte* dst) {
-    multiply(static_cast<size_t>(member) * chunk_rows + offset / row_f32, len / row_f32, reinterpret_cast<float*>(dst));
+    const size_t first = static_cast<size_t>(member) * chunk_rows * row_f32 + offset;
+    if (whole) return void(std::memcpy(dst, product + first, len));
+    multiply(first / row_f32, len / row_f32, reinterpret_cast<float*>(dst));
   };
   // The rows at offset of this rank's result: the members' products summed
   // in member order, then the bias, rounded once into the output.
@@ -138,12 +150,13 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
   };
 
   const auto t0 = std::chrono::steady_clock::now();
+  if (whole && m != 0) multiply(0, m, own);
   Status s;
   if (w == 1) {  // nobody to tell: the product and the bias
-    for (size_t r = 0; r < m; r += rows_at_once) {
-      const size_t rows = std::min(rows_at_once, m - r);
-      multiply(r, rows, own);
-      const std::byte* src = reinterpret_cast<const std::byte*>(own);
+    for (size_t r = 0; r < m; r += sum_rows) {
+      const size_t rows = std::min(sum_rows, m - r);
+      if (!whole) multiply(r, rows, own);
+      const std::byte* src = whole ? product + r * row_f32 : product;
       sum(r * row_f32, &src, 1, rows * row_f32);
     }
   } else if (spans_servers(group)) {
@@ -162,6 +175,12 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
                                                  {.partial = partial, .of_partials = sum, .widen = 1,
                                                   .produce = &produce_ref, .work = &i.sum_work}),
                                 st);
+  } else if (whole) {
+    // The product sent as a reduce-scatter's input: this rank's own rows read
+    // where they lie. The steps are the produced pieces' (the plan's), so a
+    // member that multiplies a piece at a time keeps in step with this one.
+    call.input = product;
+    s = co_await algo::reduce(channel_of(group), call, plan, nullptr, sum);
   } else {
     s = co_await algo::reduce_scatter_produced(channel_of(group), call, plan, produce, reinterpret_cast<std::byte*>(own), sum);
   }
@@ -170,6 +189,7 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
     options.stats->schedule = plan.schedule;
     options.stats->protocol = algo::protocol_name(plan.protocol);
     options.stats->piece_bytes = plan.piece;
+    options.stats->gemm_calls = gemm_calls;
     options.stats->intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   }
   co_return s;
