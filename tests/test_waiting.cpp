@@ -60,7 +60,36 @@ Clock::duration first_sleep_after(bool crowded) {
   return best;
 }
 
+// Arrives, and its sender leaves, between the driver's look at it and the
+// sender's health check (a peer that posts its last step and exits).
+class ArrivesAsItsSenderLeaves final : public engine::Waiter {
+ public:
+  bool await_ready() { return false; }
+  Status await_resume() { return error; }
+  bool ready() override { return arrived_; }
+  Status check() override {
+    arrived_ = true;
+    return {ErrorKind::kPeerLost, "rank 1 died; rank 0 was waiting for it"};
+  }
+  Status timed_out(std::chrono::milliseconds) override { return {ErrorKind::kTimeout, "timed out"}; }
+  Status fail(const Status& why) override { return why; }
+  void sleep(std::chrono::nanoseconds) override {}
+  bool arrived_ = false;
+};
+
+engine::Task<Status> wait_for(ArrivesAsItsSenderLeaves* w) { co_return co_await *w; }
+
 }  // namespace
+
+// What a peer posted before it exited is not lost to its exit (seen in a
+// 3-rank job under load: the last rank finished, exited, and a peer still
+// waiting on its last post was told it had died).
+TEST(Waiting, WhatArrivedBeforeItsSenderLeftCounts) {
+  ArrivesAsItsSenderLeaves w;
+  const Status s = engine::Driver::run(wait_for(&w), engine::DriveOptions{});
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(w.arrived_);
+}
 
 TEST(Waiting, OnACrowdedHostAWaiterSleepsAlmostAtOnce) {
   using std::chrono::microseconds;

@@ -147,6 +147,9 @@ bool Driver::round(Clock::duration waited) {
     why = {ErrorKind::kAborted, "the communicator was aborted"};
   } else {
     why = w.check();
+    // A peer may post its last step and exit between ready() above and this
+    // check: what arrived before it left counts.
+    if (!why.ok() && w.ready()) return true;
   }
   if (why.ok() && Clock::now() > deadline_) why = w.timed_out(opt_.policy.timeout);
   if (why.ok()) {
