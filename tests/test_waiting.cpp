@@ -9,11 +9,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "core/group_impl.hpp"
 #include "engine/driver.hpp"
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
 #include "transport/wait_policy.hpp"
 
 using namespace fastgather;
@@ -43,10 +49,20 @@ engine::Task<Status> wait_once(FirstSleep* w, Clock::time_point* began, Clock::d
   co_return s;
 }
 
+std::atomic<int> g_own_asked_about{-1};  // what the driver told the crowd hook last
+
 // The shortest of five waits from its start to its first sleep.
-Clock::duration first_sleep_after(bool crowded) {
+Clock::duration first_sleep_after(bool crowded, int own_on_host = 0) {
   transport::WaitPolicy p;
-  p.crowded = crowded ? +[] { return true; } : +[] { return false; };
+  p.own_on_host = own_on_host;
+  p.crowded = crowded ? +[](int own) {
+    g_own_asked_about = own;
+    return true;
+  }
+                      : +[](int own) {
+                          g_own_asked_about = own;
+                          return false;
+                        };
   engine::DriveOptions o;
   o.policy = p;
   Clock::duration best = Clock::duration::max();
@@ -106,6 +122,40 @@ TEST(Waiting, SetSpinOrYieldDecideEvenOnACrowdedHost) {
   s.spin = std::chrono::microseconds(300);
   EXPECT_FALSE(transport::WaitPolicy::for_members(2, std::chrono::milliseconds(1000), s).adapt);
   EXPECT_TRUE(transport::WaitPolicy::for_members(2, std::chrono::milliseconds(1000), Settings{}).adapt);
+}
+
+// The job's own ranks are no crowd: where they outnumber the cores, only
+// tasks beyond them make one (yielding between ranks that share a core hands
+// it over at once; sleeping pays a wake-up per step: docs/benchmarks.md).
+TEST(Waiting, TheJobsOwnRanksAreNoCrowd) {
+  // 2 cores; one task more than the cores is a quiet host's noise.
+  EXPECT_FALSE(transport::oversubscribed(3, 2, 0));
+  EXPECT_TRUE(transport::oversubscribed(4, 2, 0));
+  EXPECT_TRUE(transport::oversubscribed(4, 2, 2));
+  // 4 ranks of the job on 2 cores: all 4 runnable (and the noise) is no crowd, 2 strangers more are.
+  EXPECT_FALSE(transport::oversubscribed(4, 2, 4));
+  EXPECT_FALSE(transport::oversubscribed(5, 2, 4));
+  EXPECT_TRUE(transport::oversubscribed(6, 2, 4));
+  // The driver asks with the policy's count of the job's ranks.
+  first_sleep_after(false, 6);
+  EXPECT_EQ(g_own_asked_about.load(), 6);
+}
+
+// Every group's waits know how many of the job's ranks share the host, the
+// groups of a TP x DP layout too (each of 2 members, 4 ranks on the host).
+TEST(Waiting, EveryGroupKnowsTheJobsRanksOnItsHost) {
+  auto results = fgtest::run_job(4, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    auto group = (*comm)->tp_group_of_dp(2, 2);
+    RANK_OK(group.status());
+    for (const Group* g : {&(*comm)->world(), *group}) {
+      const int own = impl_of(*g)->policy.own_on_host;
+      RANK_CHECK(own == 4, "{}: the policy counts {} of the job's ranks on this host, not 4", g->describe(), own);
+    }
+    return "";
+  });
+  fgtest::expect_all_ok(results);
 }
 
 // More busy processes than cores: the kernel's count of runnable tasks says so.

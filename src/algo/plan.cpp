@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include "algo/reduce_net.hpp"
@@ -41,8 +39,6 @@ GroupShape GroupShape::of(const transport::ShmChannel& local, const Topology& to
   g.pipeline_bytes = local.pipeline_bytes();
   g.single_copy = local.single_copy() && local.members() > 1;
   g.heap = local.heap() != nullptr;
-  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  g.crowded = cores > 0 && topo.local_count() > cores;
   g.label = local.label();
   return g;
 }
@@ -131,7 +127,7 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
     return refuse(fmt::format("a step of the shared-memory ring ({} bytes, FG_RING_BYTES) cannot hold a {}-byte "
                               "element for each of {} members", g.max_step_bytes, align, n));
   }
-  p.in_place = g.heap && call.bytes >= (g.crowded ? kInPlaceMinBytesCrowded : kInPlaceMinBytes) &&
+  p.in_place = g.heap && call.bytes >= kInPlaceMinBytes &&
                p.protocol != Protocol::kInline && !produced;
   return p;
 }
@@ -353,8 +349,7 @@ std::vector<PlanRow> plan_table() {
        "one cache-line transfer per peer", example_call(transport::kInlineBytes), example_group(one_server)},
       {"larger", "protocol: copy-in/copy-out, in pipeline steps", "two copies, no barrier",
        example_call(transport::kInlineBytes + 1), example_group(one_server)},
-      {fmt::format(">= {} per member (a sum's input on a host with more members than cores: >= {}), the group has a "
-                   "symmetric heap", size_words(kInPlaceMinBytes), size_words(kInPlaceMinBytesCrowded)),
+      {fmt::format(">= {} per member, the group has a symmetric heap", size_words(kInPlaceMinBytes)),
        "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
        "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
       {"sums (reduce_scatter, all_reduce) across servers, as many members on every server, auto or hierarchical "

@@ -57,9 +57,6 @@ struct GroupShape {
   size_t pipeline_bytes = 0;  // the step the ring streams a block in
   bool single_copy = false;   // the members on this server can read each other's memory
   bool heap = false;          // the group has a symmetric heap
-  // More members on this server than the host has cores: every step may
-  // wait for a time slice, so a step saved outweighs a copy saved.
-  bool crowded = false;
   std::string_view label;     // the group, for errors
   static GroupShape of(const transport::ShmChannel& local, const Topology& topo);
 };
@@ -104,10 +101,6 @@ std::vector<PlanRow> plan_table();
 // into the ring: below it the extra round costs what the copy saves
 // (docs/benchmarks.md, "Symmetric inputs").
 constexpr size_t kInPlaceMinBytes = 4 << 10;
-// The same for a sum's input on a crowded host (GroupShape::crowded): below
-// it the "done reading" step costs a time slice more than the copies it
-// saves (docs/benchmarks.md, "Reductions").
-constexpr size_t kInPlaceMinBytesCrowded = 64 << 10;
 
 // From this size per member an all-reduce of 3 or more members runs
 // two-shot: each member reads its chunk of everyone's input and the sums once

@@ -131,7 +131,8 @@ void Driver::resume() {
 void Driver::ask_about_the_crowd(Clock::duration waited) {
   if (crowd_asked_ || waited < opt_.policy.contended_spin) return;
   crowd_asked_ = true;
-  const bool crowded = opt_.policy.crowded != nullptr ? opt_.policy.crowded() : transport::host_oversubscribed();
+  const int own = opt_.policy.own_on_host;
+  const bool crowded = opt_.policy.crowded != nullptr ? opt_.policy.crowded(own) : transport::host_oversubscribed(own);
   if (!crowded) return;
   spin_ = std::min<Clock::duration>(spin_, opt_.policy.contended_spin);
   spin_yield_ = spin_;

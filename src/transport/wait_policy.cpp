@@ -49,23 +49,29 @@ int procs_running() {
 }
 
 std::atomic<int64_t> g_next_sample{0};  // steady_clock nanoseconds
-std::atomic<bool> g_oversubscribed{false};
+std::atomic<int> g_running{-1};          // procs_running, as last sampled
 
 }  // namespace
 
-bool host_oversubscribed() {
+bool host_oversubscribed(int own_on_host) {
   const int64_t now = Clock::now().time_since_epoch().count();
   int64_t next = g_next_sample.load(std::memory_order_relaxed);
   if (now >= next && g_next_sample.compare_exchange_strong(next, now + std::chrono::nanoseconds(kSampleEvery).count(),
                                                             std::memory_order_relaxed)) {
-    static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int running = procs_running();
-    // Two more than the cores: one more is the noise of a quiet host (the
-    // sampling rank's spawner waking to reap, a kernel thread) beside ranks
-    // that fill its cores, and read as a crowd it sent quiet ranks to sleep.
-    g_oversubscribed.store(running > cores + 1, std::memory_order_relaxed);
+    g_running.store(procs_running(), std::memory_order_relaxed);
   }
-  return g_oversubscribed.load(std::memory_order_relaxed);
+  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return oversubscribed(g_running.load(std::memory_order_relaxed), cores, own_on_host);
+}
+
+// Two more than the cores (or the own ranks): one more is the noise of a
+// quiet host (the sampling rank's spawner waking to reap, a kernel thread)
+// beside ranks that fill its cores, and read as a crowd it sent quiet ranks to
+// sleep. The own ranks, where they outnumber the cores, are no crowd: a rank
+// that sleeps while its peer shares its core pays a futex wake-up and a
+// cross-core wake for each step, one that yields hands the core over at once.
+bool oversubscribed(int running, int cores, int own_on_host) {
+  return running > std::max(cores, own_on_host) + 1;
 }
 
 }  // namespace fastgather::transport

@@ -27,17 +27,24 @@ struct WaitPolicy {
   // .yield were set (they decide then).
   bool adapt = true;
   std::chrono::nanoseconds contended_spin{2'000};
-  bool (*crowded)() = nullptr;  // what says the host is oversubscribed (null: host_oversubscribed)
+  // The job's own ranks on this host: they are no crowd of strangers, and
+  // between them yielding hands the core straight to the rank that shares it.
+  int own_on_host = 0;
+  bool (*crowded)(int own_on_host) = nullptr;  // what says the host is oversubscribed (null: host_oversubscribed)
   // Spins less when members outnumber cores; settings.spin and .yield
   // (FG_SPIN_US, FG_YIELD_US), where set, decide instead.
   static WaitPolicy for_members(int members, std::chrono::milliseconds timeout, const Settings& settings = {});
 };
 
 // Whether at least two more tasks are runnable on this host than it has
-// cores (the kernel's procs_running, /proc/stat), as last sampled: at most every 10 ms
-// per process. Asked only by a wait that has outlasted contended_spin, so
-// that a wait whose data comes at once never pays for the sample. Our own
-// ranks count among the runnable; a waiter that spins is one.
-bool host_oversubscribed();
+// cores, or than the job has ranks on it where those are more (the kernel's
+// procs_running, /proc/stat), as last sampled: at most every 10 ms per
+// process. Asked only by a wait that has outlasted contended_spin, so that a
+// wait whose data comes at once never pays for the sample. Our own ranks
+// count among the runnable (a waiter that spins or yields is one): where
+// they alone outnumber the cores, only tasks beyond them make a crowd.
+bool host_oversubscribed(int own_on_host = 0);
+// The rule it applies to a count of runnable tasks.
+bool oversubscribed(int running, int cores, int own_on_host);
 
 }  // namespace fastgather::transport
