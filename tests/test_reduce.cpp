@@ -526,7 +526,7 @@ std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
   int salt = 0;
   // x2 twice this core's L2 (k = 32), with 64 rows or more: in fp32
   // multiplied at once for its size alone.
-  const size_t l2 = fastgather::base::cache_bytes(2) != 0 ? fastgather::base::cache_bytes(2) : size_t{1} << 20;
+  const size_t l2 = fastgather::base::l2_bytes();
   const auto wide = static_cast<int64_t>(2 * l2 / (32 * sizeof(float)));
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (auto [rows_each, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{

@@ -50,19 +50,17 @@ engine::Task<Status> wait_once(FirstSleep* w, Clock::time_point* began, Clock::d
 }
 
 std::atomic<int> g_own_asked_about{-1};  // what the driver told the crowd hook last
+std::atomic<bool> g_say_crowded{false};  // what the crowd hook answers
 
 // The shortest of five waits from its start to its first sleep.
 Clock::duration first_sleep_after(bool crowded, int own_on_host = 0) {
   transport::WaitPolicy p;
   p.own_on_host = own_on_host;
-  p.crowded = crowded ? +[](int own) {
+  g_say_crowded = crowded;
+  p.crowded = [](int own) {
     g_own_asked_about = own;
-    return true;
-  }
-                      : +[](int own) {
-                          g_own_asked_about = own;
-                          return false;
-                        };
+    return g_say_crowded.load();
+  };
   engine::DriveOptions o;
   o.policy = p;
   Clock::duration best = Clock::duration::max();

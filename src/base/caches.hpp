@@ -11,5 +11,7 @@ namespace fastgather::base {
 // Bytes of cpu0's data or unified cache of this level (1, 2, 3, ...), or of
 // its largest cache with level 0; 0 when sysfs does not say.
 size_t cache_bytes(int level);
+// cpu0's L2, or 1 MiB where sysfs does not say.
+size_t l2_bytes();
 
 }  // namespace fastgather::base

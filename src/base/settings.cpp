@@ -98,8 +98,7 @@ Status Settings::validate() const {
 
 size_t Settings::effective_pipeline_bytes() const {
   if (pipeline_bytes) return *pipeline_bytes;
-  const size_t l2 = base::cache_bytes(2);
-  return l2 != 0 ? l2 / 4 : size_t{256} << 10;
+  return base::l2_bytes() / 4;
 }
 
 size_t Settings::effective_stream_out_bytes() const {

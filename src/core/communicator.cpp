@@ -605,9 +605,9 @@ class GroupBuilder {
     impl->copy_in_fused = algo::CopyInChooser(c_.settings.copy_in);
     // Waiting policy by how many processes compete for this host's cores.
     const int on_host = c_.loopback ? c_.config.world_size : c_.config.ranks_on(c_.config.server_index);
-    impl->policy = transport::WaitPolicy::for_members(spans_ ? std::max(on_host, local_n_) : local_n_, c_.config.timeout,
-                                                      c_.settings);
-    impl->policy.own_on_host = std::max(on_host, local_n_);
+    const int own_on_host = std::max(on_host, local_n_);
+    impl->policy = transport::WaitPolicy::for_members(spans_ ? own_on_host : local_n_, c_.config.timeout, c_.settings);
+    impl->policy.own_on_host = own_on_host;
     impl->aborted = &c_.aborted;
     impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg_).value(), local_, local_me_, ring_, label_);
     if (Status s = impl->channel->check_format(); !s.ok()) return fail(s);

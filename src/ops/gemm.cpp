@@ -169,8 +169,7 @@ void PackedGemm::multiply(const void* a, size_t rows, void* c, DType c_dtype) {
 }
 
 bool multiply_whole(DType dtype, size_t m, size_t k, size_t n) {
-  size_t l2 = base::cache_bytes(2);
-  if (l2 == 0) l2 = size_t{1} << 20;
+  const size_t l2 = base::l2_bytes();
   const size_t x2 = k * n * sizeof(float);
   return dtype == DType::kF32 && (x2 > l2 / 2 || m < kWholeBelowRows) && m * n * sizeof(float) <= kWholeMaxBytes;
 }
