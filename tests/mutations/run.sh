@@ -93,6 +93,11 @@ if [ -n "${FG_MUTATIONS_ONLY:-}" ]; then
   MUTATIONS=("${kept[@]}")
   PY_MUTATIONS_SKIP=1
 fi
+# Mutations of one file run one after another: the file put back after a
+# mutation is compiled again only when the next one mutates another file.
+if [ "${#MUTATIONS[@]}" -gt 0 ]; then
+  mapfile -t MUTATIONS < <(printf '%s\n' "${MUTATIONS[@]}" | sort -s -t'|' -k2,2)
+fi
 build() { cmake --build "$WORK/build" -j"$(nproc)" --target "$1" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; return 1; }; }
 caught=0 missed=0
 # The unmutated tree passes every one of these tests first.
