@@ -177,6 +177,29 @@ TEST(FgBench, CompareWithoutMpiSaysSoAndWritesValidJson) {
   std::remove(json.c_str());
 }
 
+// --rewrite-inputs stores to every line of each sum's input before the call
+// and keeps its values: checked sums of 4 ranks stay exact, heap and private.
+TEST(FgBench, SumsWithInputsRewrittenStayExact) {
+  const std::string json = fmt::format("/tmp/fg-bench-test-sums-{}.json", ::getpid());
+  std::string out;
+  int rc = run_bench(FG_BENCH_NOMPI, fmt::format("--dp 4 --compare -c --rewrite-inputs --ops all_reduce,reduce_scatter "
+                                                  "--m 1,9 --hidden 64 --time-ms 5 --no-limits --port {} --json {}",
+                                                  fgtest::free_port(), json), &out);
+  EXPECT_EQ(rc, 0) << out;
+  std::ifstream f(json);
+  nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(validate_report_json(j), "");
+  EXPECT_EQ(j["config"]["rewrite_inputs"], true);
+  std::set<std::string> seen;
+  for (const auto& r : j["rows"]) {
+    seen.insert(r["op"].get<std::string>() + "/" + r["impl"].get<std::string>());
+    EXPECT_EQ(r["check"], "ok") << r.dump();
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"all_reduce/fastgather", "all_reduce/private", "reduce_scatter/fastgather",
+                                         "reduce_scatter/private"}));
+  std::remove(json.c_str());
+}
+
 TEST(FgBench, SixRanksTpThreeDpTwoChecked) {
   std::string out;
   int rc = run_bench(FG_BENCH, fmt::format("-c --tp 3 --dp 2 --m 1,8 --hidden 96 --time-ms 5 --no-limits --port {}",

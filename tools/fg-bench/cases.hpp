@@ -17,6 +17,10 @@ class Case {
   virtual Status run(uint64_t iteration) = 0;  // timed
   virtual void prepare(uint64_t /*iteration*/) {}  // check mode: new input data
   virtual std::string verify(uint64_t /*iteration*/) { return {}; }  // "" when every byte is right
+  // --rewrite-inputs (sums): store to every cache line of the input the next
+  // call reads, values unchanged, as the GEMM before a layer's sum leaves it:
+  // written by this rank, not yet read by any other.
+  virtual void rewrite(uint64_t /*iteration*/) {}
   // Local compute the op cannot avoid (the fused op's GEMM), for the limit model.
   virtual double compute_floor_us() { return 0; }
 

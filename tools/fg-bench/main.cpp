@@ -56,7 +56,8 @@ nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& 
           {"servers", c.servers},      {"hidden", o.hidden},    {"dtype", o.dtype},
           {"mm_dtype", o.mm_dtype},    {"n", o.n},              {"time_ms", o.run.time_ms},
           {"iters", o.run.iters},      {"check", o.run.check},  {"ms", o.ms},
-          {"trials", o.run.trials},    {"dv", o.dv},            {"compare", o.compare}};
+          {"trials", o.run.trials},    {"dv", o.dv},            {"compare", o.compare},
+          {"rewrite_inputs", o.run.rewrite_inputs}};
 }
 
 using CaseFactory = std::function<std::unique_ptr<Case>()>;
@@ -472,6 +473,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-limits", o.no_limits, "skip measuring the machine's limits");
   app.add_option("--trials", o.run.trials, "repeat each measurement and pool the samples")->check(CLI::Range(1, 100));
   app.add_flag("--dv", o.dv, "data-varying: cycle 8 buffer sets so caches are not flattering");
+  app.add_flag("--rewrite-inputs", o.run.rewrite_inputs,
+               "sums: before each call (untimed) store to every cache line of its input, values kept, as the GEMM "
+               "before a layer's sum leaves it");
   app.add_option("--input", o.input,
                  "where the ops' inputs live: symmetric (the group's heap, read in place; --compare adds a private row) "
                  "or private (ordinary memory, as a framework's tensors)")

@@ -93,6 +93,7 @@ class MpiReduceCase : public MpiCase {
     return Status::Ok();
   }
   void prepare(uint64_t it) override { fill_exact(dtype, ins_[it % ins_.size()].data(), count_, g_world_rank, it); }
+  void rewrite(uint64_t it) override { rewrite_lines(ins_[it % ins_.size()].data(), ins_[it % ins_.size()].nbytes()); }
   std::string verify(uint64_t it) override {
     const size_t first = scatter_ ? static_cast<size_t>(rank_) * out_count_ : 0;
     return check_exact_sums(dtype, outs_[it % outs_.size()].data(), first, out_count_, members_, it, op + "/" + impl);

@@ -30,6 +30,11 @@ void fill_exact(DType dtype, void* dst, size_t count, int rank, uint64_t it) {
   }
 }
 
+void rewrite_lines(void* data, size_t bytes) {
+  auto* b = static_cast<volatile unsigned char*>(data);
+  for (size_t i = 0; i < bytes; i += 64) b[i] = b[i];
+}
+
 void store_floats(DType dtype, const float* src, void* dst, size_t count) {
   const int64_t n = static_cast<int64_t>(count);
   (void)convert(TensorView(src, DType::kF32, {n}), TensorView(dst, dtype, {n}));
@@ -112,6 +117,7 @@ class ReduceCase : public Case {
   void prepare(uint64_t it) override {
     fill_exact(dtype, ins_[it % ins_.size()].data(), count_, g_.ranks()[g_.rank()], it);
   }
+  void rewrite(uint64_t it) override { rewrite_lines(ins_[it % ins_.size()].data(), ins_[it % ins_.size()].nbytes()); }
   std::string verify(uint64_t it) override {
     const size_t first = scatter_ ? static_cast<size_t>(g_.rank()) * out_count_ : 0;
     return check_exact_sums(dtype, outs_[it % outs_.size()].data(), first, out_count_, g_.ranks(), it, op + "/" + impl);

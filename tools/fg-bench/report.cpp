@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -177,15 +179,15 @@ std::string validate_report_json(const nlohmann::json& j) {
     for (const char* f : {"limit_us", "pct_of_limit", "skew_us"}) {
       if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
     }
+    // Every --ops name, and every row name a case gives itself.
+    static const std::set<std::string> kImpls = {"fastgather", "private", "ring", "staged", "unfused", "mpi",
+                                                 "direct", "hierarchical", "one-shot", "two-shot"};
+    static const std::set<std::string> kOps = {"all_gather", "all_gather_list", "all_gather_matmul",
+                                               "all_reduce", "reduce_scatter", "matmul_reduce_scatter"};
     const std::string impl = r["impl"];
-    if (impl != "fastgather" && impl != "private" && impl != "ring" && impl != "staged" && impl != "unfused" &&
-        impl != "mpi" && impl != "direct" && impl != "hierarchical") {
-      return fmt::format("row {}: unknown impl '{}'", i, impl);
-    }
+    if (!kImpls.contains(impl)) return fmt::format("row {}: unknown impl '{}'", i, impl);
     const std::string op = r["op"];
-    if (op != "all_gather" && op != "all_gather_list" && op != "all_gather_matmul") {
-      return fmt::format("row {}: unknown op '{}'", i, op);
-    }
+    if (!kOps.contains(op)) return fmt::format("row {}: unknown op '{}'", i, op);
     const std::string check = r["check"];
     if (check != "ok" && check != "off" && check != "failed") return fmt::format("row {}: check '{}'", i, check);
   }

@@ -81,6 +81,7 @@ Status Runner::run_trial(Measuring& p) {
       c.prepare(p.it);
       if (Status s = barrier(group_); !s.ok()) return s;  // ranks start together
     }
+    if (opt_.rewrite_inputs) c.rewrite(p.it);
     auto start = Clock::now();
     Status s = c.run(p.it);
     lat[static_cast<size_t>(i)] = us_since(start);

@@ -18,6 +18,7 @@ struct RunOptions {
   int warmup = 5;
   int trials = 1;        // repeated measurements, pooled
   bool check = false;
+  bool rewrite_inputs = false;  // Case::rewrite before each timed call (untimed)
 };
 
 struct Row {

@@ -22,6 +22,8 @@ inline float exact_value(int rank, uint64_t it, size_t index) {
 
 // Element i of dst (count of dtype: fp32, fp16, bf16 or fp64) = exact_value(rank, it, i).
 void fill_exact(DType dtype, void* dst, size_t count, int rank, uint64_t it);
+// One store to every cache line of [data, data + bytes), each byte kept.
+void rewrite_lines(void* data, size_t bytes);
 // "" when out[j] is the sum over `ranks` of exact_value(r, it, first + j) for
 // every j < count; else the first wrong element, in words.
 std::string check_exact_sums(DType dtype, const void* out, size_t first, size_t count, const std::vector<int>& ranks,
