@@ -44,6 +44,14 @@ GatherCall call(size_t bytes, fastgather::Schedule asked = fastgather::Schedule:
   return c;
 }
 
+// A sum of fp32 elements, the schedule left to the plan.
+GatherCall sum(OpCode op, size_t bytes) {
+  GatherCall c = call(bytes, fastgather::Schedule::kAuto, false);
+  c.op = op;
+  c.align = 4;
+  return c;
+}
+
 }  // namespace
 
 using fastgather::Schedule;
@@ -113,6 +121,42 @@ TEST(Plan, InPlaceFrom4KiBWhereTheGroupHasAHeap) {
   EXPECT_FALSE(plan_call(shape({0, 0}, true, true), call(kInPlaceMinBytes - 1)).in_place);
   EXPECT_TRUE(plan_call(shape({0, 0}, true, true), call(kInPlaceMinBytes)).in_place);
   EXPECT_FALSE(plan_call(shape({0, 0}, true, false), call(kInPlaceMinBytes)).in_place);
+}
+
+// An all_reduce of 3+ members runs two-shot from kTwoShotMinBytes, and from
+// the smaller kTwoShotMinBytesOutnumbered where the job's ranks outnumber
+// the host's cores; never for 2 members, nor for a reduce-scatter.
+TEST(Plan, AllReduceRunsTwoShotSoonerWhereRanksOutnumberCores) {
+  const auto ar = OpCode::kAllReduce;
+  GroupShape roomy = shape({0, 0, 0, 0});
+  GroupShape crowded = roomy;
+  crowded.outnumbered = true;
+  EXPECT_EQ(plan_call(roomy, sum(ar, kTwoShotMinBytes - 4)).schedule, Schedule::kOneShot);
+  EXPECT_EQ(plan_call(roomy, sum(ar, kTwoShotMinBytes)).schedule, Schedule::kTwoShot);
+  EXPECT_EQ(plan_call(roomy, sum(ar, kTwoShotMinBytesOutnumbered)).schedule, Schedule::kOneShot);
+  EXPECT_EQ(plan_call(crowded, sum(ar, kTwoShotMinBytesOutnumbered - 4)).schedule, Schedule::kOneShot);
+  EXPECT_EQ(plan_call(crowded, sum(ar, kTwoShotMinBytesOutnumbered)).schedule, Schedule::kTwoShot);
+  EXPECT_EQ(plan_call(crowded, sum(ar, kTwoShotMinBytes)).schedule, Schedule::kTwoShot);
+  GroupShape pair = shape({0, 0});
+  pair.outnumbered = true;
+  EXPECT_EQ(plan_call(pair, sum(ar, kTwoShotMinBytes)).schedule, Schedule::kOneShot);
+  EXPECT_EQ(plan_call(crowded, sum(OpCode::kReduceScatter, kTwoShotMinBytes)).schedule, Schedule::kOneShot);
+  static_assert(kTwoShotMinBytesOutnumbered < kTwoShotMinBytes);
+}
+
+// There, too, an all_reduce reads its inputs in place only from
+// kInPlaceMinBytesAllReduceOutnumbered; a reduce-scatter from kInPlaceMinBytes.
+TEST(Plan, AllReduceReadsInPlaceLaterWhereRanksOutnumberCores) {
+  const auto ar = OpCode::kAllReduce;
+  GroupShape roomy = shape({0, 0, 0, 0}, true, true);
+  GroupShape crowded = roomy;
+  crowded.outnumbered = true;
+  EXPECT_TRUE(plan_call(roomy, sum(ar, kInPlaceMinBytes)).in_place);
+  EXPECT_FALSE(plan_call(crowded, sum(ar, kInPlaceMinBytes)).in_place);  // one-shot
+  EXPECT_FALSE(plan_call(crowded, sum(ar, kTwoShotMinBytesOutnumbered)).in_place);  // two-shot
+  EXPECT_FALSE(plan_call(crowded, sum(ar, kInPlaceMinBytesAllReduceOutnumbered - 4)).in_place);
+  EXPECT_TRUE(plan_call(crowded, sum(ar, kInPlaceMinBytesAllReduceOutnumbered)).in_place);
+  EXPECT_TRUE(plan_call(crowded, sum(OpCode::kReduceScatter, kInPlaceMinBytes)).in_place);
 }
 
 // docs/architecture.md's table is plan_table(), row for row, and each row's

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "algo/plan.hpp"
 #include "core/group_impl.hpp"
 #include "engine/driver.hpp"
 #include "fastgather/fastgather.hpp"
@@ -140,17 +141,32 @@ TEST(Waiting, TheJobsOwnRanksAreNoCrowd) {
 }
 
 // Every group's waits know how many of the job's ranks share the host, the
-// groups of a TP x DP layout too (each of 2 members, 4 ranks on the host).
+// groups of a TP x DP layout too (each of 2 members, 4 ranks on the host),
+// and so do their plans: where the 4 outnumber the cores, an all_reduce of
+// the world runs two-shot from kTwoShotMinBytesOutnumbered.
 TEST(Waiting, EveryGroupKnowsTheJobsRanksOnItsHost) {
   auto results = fgtest::run_job(4, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
     auto group = (*comm)->tp_group_of_dp(2, 2);
     RANK_OK(group.status());
+    const bool outnumbered = transport::ranks_outnumber_cores(4);
     for (const Group* g : {&(*comm)->world(), *group}) {
       const int own = impl_of(*g)->policy.own_on_host;
       RANK_CHECK(own == 4, "{}: the policy counts {} of the job's ranks on this host, not 4", g->describe(), own);
+      RANK_CHECK(impl_of(*g)->shape.outnumbered == outnumbered, "{}: its plans see the ranks outnumbering the cores: {}",
+                 g->describe(), !outnumbered);
     }
+    Tensor x = Tensor::empty(DType::kF32, {static_cast<int64_t>(algo::kTwoShotMinBytesOutnumbered / 4)});
+    float* v = x.data_as<float>();
+    const size_t count = static_cast<size_t>(x.numel());
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(c.rank + 1);
+    CallStats stats;
+    RANK_OK(all_reduce((*comm)->world(), x.view(), x.view(), {.stats = &stats}));
+    const Schedule want = outnumbered ? Schedule::kTwoShot : Schedule::kOneShot;
+    RANK_CHECK(stats.schedule == want, "a {}-byte all_reduce of 4 ranks ran {}, not {}", x.nbytes(),
+               to_string(stats.schedule), to_string(want));
+    for (size_t i = 0; i < count; ++i) RANK_CHECK(v[i] == 10.0f, "element {}: {}, not 10", i, v[i]);
     return "";
   });
   fgtest::expect_all_ok(results);

@@ -32,8 +32,9 @@ Topology Topology::of(const std::vector<int>& server_of_member, int me) {
   return t;
 }
 
-GroupShape GroupShape::of(const transport::ShmChannel& local, const Topology& topo) {
+GroupShape GroupShape::of(const transport::ShmChannel& local, const Topology& topo, bool outnumbered) {
   GroupShape g;
+  g.outnumbered = outnumbered;
   g.topo = topo;
   g.max_step_bytes = local.max_step_bytes();
   g.pipeline_bytes = local.pipeline_bytes();
@@ -89,9 +90,10 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   }
   const bool all_reduce = call.op == OpCode::kAllReduce;
   const int n = g.topo.members();
+  const size_t two_shot_from = g.outnumbered ? kTwoShotMinBytesOutnumbered : kTwoShotMinBytes;
   switch (call.schedule) {
     case Schedule::kAuto:
-      p.schedule = all_reduce && n >= 3 && call.bytes >= kTwoShotMinBytes ? Schedule::kTwoShot : Schedule::kOneShot;
+      p.schedule = all_reduce && n >= 3 && call.bytes >= two_shot_from ? Schedule::kTwoShot : Schedule::kOneShot;
       break;
     case Schedule::kOneShot: p.schedule = Schedule::kOneShot; break;
     case Schedule::kTwoShot:
@@ -127,8 +129,8 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
     return refuse(fmt::format("a step of the shared-memory ring ({} bytes, FG_RING_BYTES) cannot hold a {}-byte "
                               "element for each of {} members", g.max_step_bytes, align, n));
   }
-  p.in_place = g.heap && call.bytes >= kInPlaceMinBytes &&
-               p.protocol != Protocol::kInline && !produced;
+  const size_t in_place_from = all_reduce && g.outnumbered ? kInPlaceMinBytesAllReduceOutnumbered : kInPlaceMinBytes;
+  p.in_place = g.heap && call.bytes >= in_place_from && p.protocol != Protocol::kInline && !produced;
   return p;
 }
 
@@ -349,7 +351,9 @@ std::vector<PlanRow> plan_table() {
        "one cache-line transfer per peer", example_call(transport::kInlineBytes), example_group(one_server)},
       {"larger", "protocol: copy-in/copy-out, in pipeline steps", "two copies, no barrier",
        example_call(transport::kInlineBytes + 1), example_group(one_server)},
-      {fmt::format(">= {} per member, the group has a symmetric heap", size_words(kInPlaceMinBytes)),
+      {fmt::format(">= {} per member (an all_reduce where the job's ranks on the server outnumber its cores: >= {}), "
+                   "the group has a symmetric heap", size_words(kInPlaceMinBytes),
+                   size_words(kInPlaceMinBytesAllReduceOutnumbered)),
        "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
        "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
       {"sums (reduce_scatter, all_reduce) across servers, as many members on every server, auto or hierarchical "
@@ -363,8 +367,9 @@ std::vector<PlanRow> plan_table() {
        "the all-gather's rows above for the inputs, then each member's sums",
        "every input to every member on another server", example_sum(OpCode::kReduceScatter, 4096, true),
        example_group({0, 0, 1})},
-      {fmt::format("sums within one server: all_reduce of 3+ members, >= {} per member, two-shot or auto asked",
-                   size_words(kTwoShotMinBytes)),
+      {fmt::format("sums within one server: all_reduce of 3+ members, >= {} per member ({} where the job's ranks "
+                   "on the server outnumber its cores), two-shot or auto asked",
+                   size_words(kTwoShotMinBytes), size_words(kTwoShotMinBytesOutnumbered)),
        "schedule: two-shot", "each member sums its 1/n chunk of every input, then copies every other member's summed chunk",
        example_sum(OpCode::kAllReduce, kTwoShotMinBytes), example_group(one_server)},
       {"sums, otherwise", "schedule: one-shot",

@@ -57,8 +57,11 @@ struct GroupShape {
   size_t pipeline_bytes = 0;  // the step the ring streams a block in
   bool single_copy = false;   // the members on this server can read each other's memory
   bool heap = false;          // the group has a symmetric heap
+  // The job's ranks on this server are more than its cores (every member on
+  // a server sees the same).
+  bool outnumbered = false;
   std::string_view label;     // the group, for errors
-  static GroupShape of(const transport::ShmChannel& local, const Topology& topo);
+  static GroupShape of(const transport::ShmChannel& local, const Topology& topo, bool outnumbered);
 };
 
 struct CallPlan {
@@ -101,11 +104,24 @@ std::vector<PlanRow> plan_table();
 // into the ring: below it the extra round costs what the copy saves
 // (docs/benchmarks.md, "Symmetric inputs").
 constexpr size_t kInPlaceMinBytes = 4 << 10;
+// An all_reduce where the job's ranks outnumber the cores reads inputs in
+// place only from this size: an input its owner has just written reaches a
+// reader on the other core as a copy in the owner's ring does, and below it
+// the "done reading" step costs more than the owner's local copy saves
+// (docs/benchmarks.md, "Two-shot from 32 KiB where ranks outnumber cores").
+constexpr size_t kInPlaceMinBytesAllReduceOutnumbered = 256 << 10;
 
 // From this size per member an all-reduce of 3 or more members runs
 // two-shot: each member reads its chunk of everyone's input and the sums once
 // more, instead of everyone's whole input (docs/benchmarks.md, "Reductions").
 constexpr size_t kTwoShotMinBytes = 256 << 10;
+// Where the job's ranks outnumber the cores, from this size: ranks that share
+// a core take turns, so the lines a peer has just written into its ring
+// reach the reader from the other core, and one-shot pulls every input whole
+// that way (n times the bytes two-shot pulls, 2 per member), while the extra
+// step costs no sleep between ranks that yield to each other
+// (docs/benchmarks.md, "Two-shot from 32 KiB where ranks outnumber cores").
+constexpr size_t kTwoShotMinBytesOutnumbered = 32 << 10;
 
 // Largest piece a shared-memory step holds for this alignment (0: a row
 // does not fit one step).

@@ -665,7 +665,8 @@ class GroupBuilder {
       impl->channel->set_single_copy(all);
       if (!all && try_single_copy_) say_single_copy_refused(why);
     }
-    impl->shape = algo::GroupShape::of(*impl->channel, algo::Topology::of(server_of_member_, me_));
+    impl->shape = algo::GroupShape::of(*impl->channel, algo::Topology::of(server_of_member_, me_),
+                                       transport::ranks_outnumber_cores(impl->policy.own_on_host));
     return Status::Ok();
   }
 

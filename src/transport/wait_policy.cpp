@@ -8,15 +8,26 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 
 namespace fastgather::transport {
+
+namespace {
+
+// The host's online cores: not this process's affinity, which ranks pinned
+// apart would count differently.
+int host_cores() {
+  static const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  return cores;
+}
+
+}  // namespace
+
+bool ranks_outnumber_cores(int ranks) { return ranks > host_cores(); }
 
 WaitPolicy WaitPolicy::for_members(int members, std::chrono::milliseconds timeout, const Settings& settings) {
   WaitPolicy p;
   p.timeout = timeout;
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  if (static_cast<unsigned>(members) > cores) {
+  if (ranks_outnumber_cores(members)) {
     // A spinning waiter would hold the core the awaited peer needs.
     p.spin = std::chrono::microseconds(2);
     p.yield = std::chrono::microseconds(50);
@@ -60,8 +71,7 @@ bool host_oversubscribed(int own_on_host) {
                                                             std::memory_order_relaxed)) {
     g_running.store(procs_running(), std::memory_order_relaxed);
   }
-  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return oversubscribed(g_running.load(std::memory_order_relaxed), cores, own_on_host);
+  return oversubscribed(g_running.load(std::memory_order_relaxed), host_cores(), own_on_host);
 }
 
 // Two more than the cores (or the own ranks): one more is the noise of a

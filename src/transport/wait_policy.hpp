@@ -46,5 +46,9 @@ struct WaitPolicy {
 bool host_oversubscribed(int own_on_host = 0);
 // The rule it applies to a count of runnable tasks.
 bool oversubscribed(int running, int cores, int own_on_host);
+// Whether `ranks` processes are more than this host's cores (online, as
+// every process on the host counts them alike: the same answer for every
+// member, so plans may depend on it).
+bool ranks_outnumber_cores(int ranks);
 
 }  // namespace fastgather::transport
