@@ -157,6 +157,12 @@ TEST(Plan, AllReduceReadsInPlaceLaterWhereRanksOutnumberCores) {
   EXPECT_FALSE(plan_call(crowded, sum(ar, kInPlaceMinBytesAllReduceOutnumbered - 4)).in_place);
   EXPECT_TRUE(plan_call(crowded, sum(ar, kInPlaceMinBytesAllReduceOutnumbered)).in_place);
   EXPECT_TRUE(plan_call(crowded, sum(OpCode::kReduceScatter, kInPlaceMinBytes)).in_place);
+  // Across servers the local phase keeps reading in place from kInPlaceMinBytes.
+  GroupShape across = shape({0, 0, 1, 1}, true, true);
+  across.outnumbered = true;
+  const CallPlan hier = plan_call(across, sum(ar, kInPlaceMinBytes));
+  EXPECT_EQ(hier.schedule, Schedule::kHierarchical);
+  EXPECT_TRUE(hier.in_place);
 }
 
 // docs/architecture.md's table is plan_table(), row for row, and each row's

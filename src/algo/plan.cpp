@@ -142,6 +142,9 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
 CallPlan plan_sum_across(const GroupShape& g, const GatherCall& call) {
   GroupShape server = g;
   server.topo = Topology::of(std::vector<int>(static_cast<size_t>(g.topo.local_count()), 0), 0);
+  // The crowd's rules (two-shot sooner, in place later) were measured within
+  // one server; across servers the local phase reads the heap from 4 KiB.
+  server.outnumbered = false;
   GatherCall local = call;
   local.schedule = call.op != OpCode::kAllReduce ? Schedule::kAuto
                    : sums_whole(g.topo, call)     ? Schedule::kOneShot

@@ -117,9 +117,9 @@ constexpr size_t kInPlaceMinBytesAllReduceOutnumbered = 256 << 10;
 constexpr size_t kTwoShotMinBytes = 256 << 10;
 // Where the job's ranks outnumber the cores, from this size: ranks that share
 // a core take turns, so the lines a peer has just written into its ring
-// reach the reader from the other core, and one-shot pulls every input whole
-// that way (n times the bytes two-shot pulls, 2 per member), while the extra
-// step costs no sleep between ranks that yield to each other
+// reach the reader from the other core: one-shot pulls every peer's input
+// whole that way, two-shot 2/n of it, and the extra step costs no sleep
+// between ranks that yield to each other
 // (docs/benchmarks.md, "Two-shot from 32 KiB where ranks outnumber cores").
 constexpr size_t kTwoShotMinBytesOutnumbered = 32 << 10;
 

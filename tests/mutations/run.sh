@@ -52,6 +52,7 @@ MUTATIONS=(
   "all_reduce never runs two-shot sooner where ranks outnumber cores|src/algo/plan.cpp|s/g\.outnumbered \? kTwoShotMinBytesOutnumbered : kTwoShotMinBytes/kTwoShotMinBytes/|test_algo|Plan.AllReduceRunsTwoShotSoonerWhereRanksOutnumberCores"
   "a group's plans never see the ranks outnumbering the cores|src/core/communicator.cpp|s/transport::ranks_outnumber_cores\(impl->policy\.own_on_host\)\)/false)/|test_waiting|Waiting.EveryGroupKnowsTheJobsRanksOnItsHost"
   "an all_reduce reads in place whatever the crowd|src/algo/plan.cpp|s/all_reduce && g\.outnumbered \? kInPlaceMinBytesAllReduceOutnumbered : kInPlaceMinBytes/kInPlaceMinBytes/|test_algo|Plan.AllReduceReadsInPlaceLaterWhereRanksOutnumberCores"
+  "across servers the local phase follows the crowd's in-place rule|src/algo/plan.cpp|s/  server\.outnumbered = false;\n//|test_algo|Plan.AllReduceReadsInPlaceLaterWhereRanksOutnumberCores"
   "fg-bench's rewrite of a sum's input changes its values|tools/fg-bench/reduce_cases.cpp|s/b\[i\] = b\[i\];/b[i] = static_cast<unsigned char>(b[i] + 1);/|test_bench|FgBench.SumsWithInputsRewrittenStayExact"
   "a wait fails on its sender's exit though what it awaited had arrived|src/engine/driver.cpp|s/if \(!why\.ok\(\) && w\.ready\(\)\) return true;//|test_waiting|Waiting.WhatArrivedBeforeItsSenderLeftCounts"
   "calls do not consult the group's copy-in learner|src/ops/collectives.cpp|s/call\.copy_in = &impl_of\(group\)->copy_in;/call.copy_in = nullptr;/g|test_settings|CopyIn.TheGroupsLearnerDecidesHowEachCallCopiesIn"
