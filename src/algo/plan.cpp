@@ -354,7 +354,7 @@ std::vector<PlanRow> plan_table() {
        "one cache-line transfer per peer", example_call(transport::kInlineBytes), example_group(one_server)},
       {"larger", "protocol: copy-in/copy-out, in pipeline steps", "two copies, no barrier",
        example_call(transport::kInlineBytes + 1), example_group(one_server)},
-      {fmt::format(">= {} per member (an all_reduce where the job's ranks on the server outnumber its cores: >= {}), "
+      {fmt::format(">= {} per member (an all_reduce within one server whose job's ranks outnumber its cores: >= {}), "
                    "the group has a symmetric heap", size_words(kInPlaceMinBytes),
                    size_words(kInPlaceMinBytesAllReduceOutnumbered)),
        "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
