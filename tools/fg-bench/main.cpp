@@ -272,8 +272,7 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
            "\n";
   }
   if (o.compare || limits != nullptr) {
-    for (const char* op : {"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter",
-                           "matmul_reduce_scatter"}) {
+    for (const std::string& op : kOpNames) {
       if (std::string t = format_compare(op, rows); !t.empty()) out += t + "\n";
     }
   }
@@ -449,8 +448,7 @@ int main(int argc, char** argv) {
   app.add_option("--mm-dtype", o.mm_dtype, "AllGather+MatMul dtype (fp16, bf16, fp32)");
   app.add_option("--n", o.n, "AllGather+MatMul output columns")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--ops", o.ops, "ops to run")->delimiter(',')->check(
-      CLI::IsMember({"all_gather", "all_gather_list", "all_gather_matmul", "all_reduce", "reduce_scatter",
-                     "matmul_reduce_scatter"}));
+      CLI::IsMember(kOpNames));
   app.add_option("--iters", o.run.iters, "iterations per size (default: from --time-ms)")->check(CLI::Range(1, 10'000'000));
   const CLI::Validator positive_ms(
       [](std::string& v) -> std::string {
