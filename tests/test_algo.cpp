@@ -2,6 +2,7 @@
 // and across servers the topology, the schedule choice and the piece size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "algo/allgather.hpp"
 #include "algo/allgather_net.hpp"
 #include "algo/copy_in.hpp"
+#include "algo/lockstep.hpp"
 #include "algo/plan.hpp"
 
 #include <fmt/format.h>
@@ -121,6 +123,41 @@ TEST(Plan, InPlaceFrom4KiBWhereTheGroupHasAHeap) {
   EXPECT_FALSE(plan_call(shape({0, 0}, true, true), call(kInPlaceMinBytes - 1)).in_place);
   EXPECT_TRUE(plan_call(shape({0, 0}, true, true), call(kInPlaceMinBytes)).in_place);
   EXPECT_FALSE(plan_call(shape({0, 0}, true, false), call(kInPlaceMinBytes)).in_place);
+}
+
+namespace {
+std::vector<int> listed(const PeerOrder& o) {
+  std::vector<int> v;
+  for (int i = 0; i < o.size(); ++i) v.push_back(o[i]);
+  return v;
+}
+}  // namespace
+
+// A member waits first for the peers that last posted from its own CPU
+// (they need it to post; their waits yield at once), then for the others.
+TEST(PeerOrder, PeersOnThisCpuFirstThenTheOthersEachFromTheNextMember) {
+  std::vector<int> cpu = {0, 1, 0, 1};
+  auto of = [&](int m) { return cpu[static_cast<size_t>(m)]; };
+  EXPECT_EQ(listed(PeerOrder(4, 0, 0, of)), (std::vector<int>{2, 1, 3}));
+  EXPECT_EQ(listed(PeerOrder(4, 1, 1, of)), (std::vector<int>{3, 2, 0}));
+  EXPECT_EQ(listed(PeerOrder(4, 3, 0, of)), (std::vector<int>{0, 2, 1}));
+  // This thread's CPU unknown, or the peers': from the next member on.
+  EXPECT_EQ(listed(PeerOrder(4, 2, -1, of)), (std::vector<int>{3, 0, 1}));
+  cpu = {-1, -1, -1, -1};
+  EXPECT_EQ(listed(PeerOrder(4, 3, 0, of)), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(listed(PeerOrder(1, 0, 0, of)), std::vector<int>{});
+  // A peer's CPU read anew may differ (it moved): every peer still once.
+  int asked = 0;
+  auto moving = [&](int) { return asked++ % 2; };
+  std::vector<int> got = listed(PeerOrder(40, 7, 1, moving));
+  ASSERT_EQ(got.size(), 39u);
+  std::vector<int> sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  for (int m = 0, i = 0; m < 40; ++m) {
+    if (m != 7) {
+      EXPECT_EQ(sorted[static_cast<size_t>(i++)], m);
+    }
+  }
 }
 
 // An all_reduce of 3+ members runs two-shot from kTwoShotMinBytes, and from

@@ -2,6 +2,7 @@
 // error in bounded time, never a hang or corrupt data, and /dev/shm is clean.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -55,6 +56,37 @@ TEST(Mismatch, SizesNameTheRanksAndBytesOnEveryRankAndTheGroupRecovers) {
     return "";
   });
   fgtest::expect_all_ok(results);
+}
+
+// A member waits first for the peers on its own CPU (algo::PeerOrder); the
+// peer a mismatch names first is still the next member on, wherever the
+// ranks run: rank 2, on rank 1's CPU and not rank 0's, names rank 0.
+TEST(Mismatch, TheFirstDisagreeingPeerDoesNotDependOnWhereRanksRun) {
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU";
+  fgtest::expect_all_ok(fgtest::run_job(3, [&](const Config& c) -> std::string {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[c.rank == 0 ? 0 : 1], &one);
+    RANK_CHECK(::sched_setaffinity(0, sizeof(one), &one) == 0, "sched_setaffinity: {}", std::strerror(errno));
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    RANK_OK(gather_bytes(g, 64));  // every member has posted from its CPU
+    Status s = gather_bytes(g, c.rank == 2 ? 32 : 64);
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch, "expected Mismatch, got {}", s.to_string());
+    RANK_CHECK(s.peer() == (c.rank == 2 ? 0 : 2), "peer() = {} for rank {}: {}", s.peer(), c.rank, s.message());
+    if (c.rank == 2) {
+      const size_t first = s.message().find("rank 0 sent"), second = s.message().find("rank 1 sent");
+      RANK_CHECK(first != std::string::npos && second != std::string::npos && first < second, "{}", s.message());
+    }
+    return "";
+  }));
 }
 
 TEST(Mismatch, DtypesAndOpsAreNamed) {

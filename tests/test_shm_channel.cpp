@@ -3,6 +3,7 @@
 // and cleaning up.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -106,6 +107,33 @@ TEST(ShmChannel, StepsCarryHeadersAndInlineBytesInOrder) {
     for (int b = 0; b < 256; ++b) ASSERT_EQ(static_cast<int>(data[b]), static_cast<int>(i & 0xff));
   }
   peer.join();
+}
+
+// Each post says which CPU it came from, so that a peer waiting for the
+// member's next post on that same CPU yields instead of spinning
+// (engine::Waiter::comes_from_cpu).
+TEST(ShmChannel, APostSaysWhichCpuItCameFrom) {
+  Pair p = make_pair(5000ms);
+  EXPECT_EQ(p.b->member_cpu(0), -1);  // nothing posted yet
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int tried = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE && tried < 2; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    ++tried;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);  // this thread
+    const uint64_t step = p.a->next_step();
+    p.a->post(step, PostHeader{});
+    EXPECT_EQ(p.b->member_cpu(0), cpu);
+    engine::Arrival next(*p.b, 0, step + 1);
+    EXPECT_TRUE(next.comes_from_cpu(cpu));
+    EXPECT_FALSE(next.comes_from_cpu(cpu + 1));
+  }
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(allowed), &allowed), 0);
+  EXPECT_GE(tried, 1);
 }
 
 // Catches: members cutting blocks into steps of different sizes (each its

@@ -40,7 +40,9 @@ class FirstSleep final : public engine::Waiter {
   void sleep(std::chrono::nanoseconds) override {
     if (!slept_at_) slept_at_ = Clock::now();
   }
+  bool comes_from_cpu(int) override { return on_this_cpu; }
   std::optional<Clock::time_point> slept_at_;
+  bool on_this_cpu = false;  // what it says of the awaited peer's CPU
 };
 
 engine::Task<Status> wait_once(FirstSleep* w, Clock::time_point* began, Clock::duration* until_sleep) {
@@ -73,6 +75,28 @@ Clock::duration first_sleep_after(bool crowded, int own_on_host = 0) {
     best = std::min(best, until_sleep);
   }
   return best;
+}
+
+// The shortest of three waits from its start to its first sleep, under a
+// policy of a long spin and no yield.
+Clock::duration first_sleep_with_a_long_spin(bool peer_on_this_cpu, bool adapt) {
+  transport::WaitPolicy p;
+  p.spin = std::chrono::milliseconds(40);
+  p.yield = Clock::duration::zero();
+  p.adapt = adapt;
+  p.crowded = [](int) { return false; };
+  engine::DriveOptions o;
+  o.policy = p;
+  Clock::duration shortest = Clock::duration::max();
+  for (int i = 0; i < 3; ++i) {
+    FirstSleep w;
+    w.on_this_cpu = peer_on_this_cpu;
+    Clock::time_point began;
+    Clock::duration until_sleep{};
+    EXPECT_TRUE(engine::Driver::run(wait_once(&w, &began, &until_sleep), o).ok());
+    shortest = std::min(shortest, until_sleep);
+  }
+  return shortest;
 }
 
 // Arrives, and its sender leaves, between the driver's look at it and the
@@ -121,6 +145,17 @@ TEST(Waiting, SetSpinOrYieldDecideEvenOnACrowdedHost) {
   s.spin = std::chrono::microseconds(300);
   EXPECT_FALSE(transport::WaitPolicy::for_members(2, std::chrono::milliseconds(1000), s).adapt);
   EXPECT_TRUE(transport::WaitPolicy::for_members(2, std::chrono::milliseconds(1000), Settings{}).adapt);
+}
+
+// A peer that last posted from the waiter's own CPU can post only once the
+// waiter lets it have the CPU: spinning there only delays it (4 ranks on 2
+// cores: docs/benchmarks.md), so such a wait skips its spin. Set spin or
+// yield still decide.
+TEST(Waiting, AWaitForAPeerOnTheSameCpuSkipsTheSpin) {
+  using std::chrono::milliseconds;
+  EXPECT_GE(first_sleep_with_a_long_spin(false, true), milliseconds(40));
+  EXPECT_LT(first_sleep_with_a_long_spin(true, true), milliseconds(20));
+  EXPECT_GE(first_sleep_with_a_long_spin(true, false), milliseconds(40));
 }
 
 // The job's own ranks are no crowd: where they outnumber the cores, only

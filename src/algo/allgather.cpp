@@ -1,9 +1,14 @@
 #include "algo/allgather.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -38,6 +43,23 @@ Status CallState::mismatch_status() const {
   return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch), disagreeing};
 }
 
+PeerOrder::PeerOrder(int members, int me, int my_cpu, FunctionRef<int(int)> cpu_of) : n_(std::max(members - 1, 0)) {
+  if (n_ > kInPlace) heap_.resize(static_cast<size_t>(n_));
+  int* out = heap_.empty() ? in_place_.data() : heap_.data();
+  int k = 0;
+  // One look at each peer's CPU: it may change meanwhile, and every peer
+  // must be in the order once.
+  for (int i = 1; i < members; ++i) {
+    const int peer = (me + i) % members;
+    if (my_cpu >= 0 && cpu_of(peer) == my_cpu) out[k++] = peer;
+  }
+  const int near = k;
+  for (int i = 1; i < members; ++i) {
+    const int peer = (me + i) % members;
+    if (std::find(out, out + near, peer) == out + near) out[k++] = peer;
+  }
+}
+
 engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> posted, Take take) {
   transport::ShmChannel& ch = st.ch;
   const int n = ch.members();
@@ -66,22 +88,33 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
   posted();
   const bool compare = st.first;
   st.first = false;
-  for (int i = 1; i < n; ++i) {
-    const int peer = (me + i) % n;
+  auto cpu_of = [&](int m) { return ch.member_cpu(m); };
+  const PeerOrder order(n, me, ::sched_getcpu(), cpu_of);
+  // Disagreeing peers, said from the next member on whatever the order of
+  // the waits (which follows the CPUs): the same words, and the same first
+  // peer, wherever the ranks run.
+  std::vector<std::pair<int, std::string>> differ;
+  for (int i = 0; i < order.size(); ++i) {
+    const int peer = order[i];
     if (s.only_from >= 0 && peer != s.only_from) continue;
     auto line = co_await engine::arrival(ch, peer, step);
     if (!line.ok()) co_return line.status();
     const transport::PostHeader& theirs = line.value()->header;
     if (compare && !theirs.same_call(st.mine)) {
-      if (st.mismatch.empty()) st.disagreeing = ch.world_rank(peer);
-      else st.mismatch += "; ";
-      st.mismatch += fmt::format("rank {} sent {}, rank {} expected {}", ch.world_rank(peer),
-                                 describe(st.call, theirs, &st.mine), ch.world_rank(me), describe(st.call, st.mine, &theirs));
+      differ.emplace_back((peer - me + n) % n,
+                          fmt::format("rank {} sent {}, rank {} expected {}", ch.world_rank(peer), describe(st.call, theirs, &st.mine),
+                                      ch.world_rank(me), describe(st.call, st.mine, &theirs)));
     }
     if (theirs.in_heap != 0) st.in_place = true;
-    if (!st.mismatch.empty()) continue;
+    if (!st.mismatch.empty() || !differ.empty()) continue;
     take(peer, theirs, s.inline_data ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
                                      : ch.member_data(peer, theirs));
+  }
+  std::sort(differ.begin(), differ.end());
+  for (const auto& [after_me, words] : differ) {
+    if (st.mismatch.empty()) st.disagreeing = ch.world_rank((me + after_me) % n);
+    else st.mismatch += "; ";
+    st.mismatch += words;
   }
   co_return Status::Ok();
 }

@@ -4,9 +4,11 @@
 // space be reused (shm_channel.hpp).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "algo/allgather.hpp"
 #include "algo/copy_in.hpp"
@@ -54,13 +56,32 @@ struct Step {
   const FunctionRef<void(std::byte* ring)>* fill = nullptr;
 };
 
+// The order in which a member waits for its peers' posts of a step: first
+// the peers that last posted from the CPU this member runs on (they post
+// only once it lets them have the CPU, so their waits start by yielding:
+// Waiter::comes_from_cpu), then the others, for which spinning may pay; each
+// kind from the next member on, so that peers do not all read the same one
+// first. cpu_of(m): the CPU member m last posted from (-1: unknown).
+class PeerOrder {
+ public:
+  PeerOrder(int members, int me, int my_cpu, FunctionRef<int(int)> cpu_of);
+  int size() const { return n_; }
+  int operator[](int i) const { return data()[i]; }
+
+ private:
+  const int* data() const { return heap_.empty() ? in_place_.data() : heap_.data(); }
+  static constexpr int kInPlace = 16;  // no allocation for the usual group sizes
+  int n_ = 0;
+  std::array<int, kInPlace> in_place_{};
+  std::vector<int> heap_;
+};
+
 // take(peer, header, src): a peer's post of this step; src is where its bytes
 // are readable (in its post line, ring or heap) until this member posts again.
 using Take = FunctionRef<void(int peer, const transport::PostHeader& header, const std::byte* src)>;
 
 // One step: publish the step's bytes, call `posted`, then wait for each
-// peer's post of the same step (starting with the next member, so that
-// peers do not all read the same one first), compare headers on the call's
+// peer's post of the same step (in PeerOrder), compare headers on the call's
 // first step and hand each post to `take`. Every peer is waited for even
 // after a mismatch, so all members leave the call at the same step; after
 // one, take is not called.

@@ -82,6 +82,13 @@ void Driver::suspended(Waiter* w) {
   wait_began_ = Clock::now();
   spin_ = opt_.policy.spin;
   spin_yield_ = opt_.policy.spin + opt_.policy.yield;
+  // The awaited peer last ran on this CPU: it posts only once this thread
+  // lets it have the CPU, so the wait skips its spin and starts by yielding
+  // (settings.spin and .yield, where set, decide instead).
+  if (opt_.policy.adapt && w->comes_from_cpu(::sched_getcpu())) {
+    spin_yield_ -= spin_;
+    spin_ = Clock::duration::zero();
+  }
   crowd_asked_ = !opt_.policy.adapt;
   next_report_ = opt_.policy.report;
   if (!deadline_set_) {

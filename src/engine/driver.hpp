@@ -48,6 +48,9 @@ class Waiter {
   virtual Status fail(const Status& why) = 0;
   // Blocks until the awaited thing may have happened, at most `slice`.
   virtual void sleep(std::chrono::nanoseconds slice) = 0;
+  // Whether what is awaited comes from a process that last ran on `cpu`
+  // (this thread's): while this thread spins there, it cannot run.
+  virtual bool comes_from_cpu(int /*cpu*/) { return false; }
 
   Status error;  // why the wait ended without the awaited thing (Ok otherwise)
   std::coroutine_handle<> resume_point;

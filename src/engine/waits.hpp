@@ -36,6 +36,7 @@ class Arrival final : public Waiter {
     return ch_.broken();
   }
   void sleep(std::chrono::nanoseconds slice) override { ch_.sleep(member_, step_, slice); }
+  bool comes_from_cpu(int cpu) override { return ch_.member_cpu(member_) == cpu; }
 
  private:
   transport::ShmChannel& ch_;

@@ -4,6 +4,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -136,6 +137,10 @@ void ShmChannel::post(uint64_t step, const PostHeader& header, const void* inlin
   // Dekker with sleep(): either we see its sleepers count or it sees our step.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   MemberLine& w = ctl(me_).wake;
+  if (const int cpu = ::sched_getcpu(); cpu != published_cpu_) {
+    published_cpu_ = cpu;
+    w.cpu.store(cpu, std::memory_order_relaxed);
+  }
   if (w.sleepers.load(std::memory_order_relaxed) != 0) {
     w.futex_word.fetch_add(1, std::memory_order_release);
     futex_wake_all(&w.futex_word);

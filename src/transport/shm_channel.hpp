@@ -67,6 +67,9 @@ struct alignas(64) MemberLine {
   // this member found reading every peer's (0 not yet, 1 all read, 2 refused).
   std::atomic<uint64_t> probe_addr{0};
   std::atomic<uint32_t> read_verdict{0};
+  // The CPU this member last posted from (-1: none yet). Stored only when it
+  // changes, so the line stays in its readers' caches between migrations.
+  std::atomic<int32_t> cpu{-1};
 };
 
 struct MemberCtl {
@@ -147,6 +150,10 @@ class ShmChannel {
   // Copies len bytes at `remote` in member's memory to dst.
   Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len);
 
+  // The CPU `member` last posted from (-1: not known): a peer that waits for
+  // its next post on that same CPU cannot see it come by spinning.
+  int member_cpu(int member) const { return ctl(member).wake.cpu.load(std::memory_order_relaxed); }
+
   // Whether `member` has posted `step` (acquire: its bytes are visible).
   bool arrived(int member, uint64_t step) const {
     return ctl(member).post[step & 1].step.load(std::memory_order_acquire) >= step;
@@ -184,6 +191,7 @@ class ShmChannel {
   std::byte* data_ = nullptr;
   const ShmHeap* heap_ = nullptr;
   uint64_t step_ = 0;
+  int published_cpu_ = -1;
   std::vector<int> pidfds_;
   std::vector<int> pids_;
   Status broken_;

@@ -90,6 +90,10 @@ MUTATIONS=(
   "a member that received a larger message says only that|src/ops/run_gather.hpp|s/  co_return explain_across\(i, std::move\(s\), was_broken, st\.headers_compared\);/  co_return s;/|test_reduce|Reduce.AcrossServersAMismatchIsNamedOnEveryMember"
   "convert treats empty views like any other|src/ops/convert.cpp|s/  if \(n == 0\) return Status::Ok\(\);[^\n]*\n//|test_tensor|Convert.EmptyViewsWithoutMemoryAreFineAndNullOnesWithElementsRefused"
   "Tensor::allocate calls a bad shape a lack of memory|src/core/tensor.cpp|s/return Status\{ErrorKind::kInvalidArgument, checked\.status\(\)\.message\(\)\};/return Status{ErrorKind::kResourceExhausted, checked.status().message()};/|test_jobs|Environment.TensorAllocateReturnsTheErrorAsAStatus"
+  "a wait for a peer on the same CPU spins first all the same|src/engine/driver.cpp|s/if \(opt_\.policy\.adapt && w->comes_from_cpu\(::sched_getcpu\(\)\)\)/if (false)/|test_waiting|Waiting.AWaitForAPeerOnTheSameCpuSkipsTheSpin"
+  "a post does not say which CPU it came from|src/transport/shm_channel.cpp|s/w\.cpu\.store\(cpu, std::memory_order_relaxed\);//|test_shm_channel|ShmChannel.APostSaysWhichCpuItCameFrom"
+  "a member waits for the peers on its CPU in turn with the others|src/algo/allgather.cpp|s/if \(my_cpu >= 0 && cpu_of\(peer\) == my_cpu\) out\[k\+\+\] = peer;//|test_algo|PeerOrder.*"
+  "a mismatch names the peers in the order the waits took them|src/algo/allgather.cpp|s/std::sort\(differ\.begin\(\), differ\.end\(\)\);//|test_faults|Mismatch.TheFirstDisagreeingPeerDoesNotDependOnWhereRanksRun"
 )
 
 if [ -n "${FG_MUTATIONS_ONLY:-}" ]; then
