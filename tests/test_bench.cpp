@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "harness.hpp"
+#include "host.hpp"
 #include "limits.hpp"
 #include "report.hpp"
 #include "stats.hpp"
@@ -108,7 +110,7 @@ TEST(Json, RowsCarryTheSchemaFields) {
   nlohmann::json j = report_json({{"tp", 1}}, {sample_row()});
   EXPECT_EQ(validate_report_json(j), "");
   EXPECT_EQ(j["rows"][0]["median_us"], 9.0);
-  for (const char* field : {"avg_us", "busbw_gbs", "check", "impl", "limit_us"}) {
+  for (const char* field : {"avg_us", "busbw_gbs", "check", "impl", "limit_us", "uneven_placement_pct"}) {
     nlohmann::json broken = j;
     broken["rows"][0].erase(field);
     EXPECT_NE(validate_report_json(broken), "") << field;
@@ -119,6 +121,42 @@ TEST(Json, RowsCarryTheSchemaFields) {
   nlohmann::json bad_schema = j;
   bad_schema["schema"] = "other/1";
   EXPECT_NE(validate_report_json(bad_schema), "");
+}
+
+// Evenly placed: no CPU holds more of its host's ranks than ceil(ranks on
+// the host / its cores); hosts are told apart by their boot id.
+TEST(Placement, NoCpuHoldsMoreThanItsShareOfTheHostsRanks) {
+  auto at = [](uint32_t host, int cores, int cpu) { return Place{host, cores, cpu}; };
+  EXPECT_TRUE(evenly_placed({at(1, 2, 0), at(1, 2, 1), at(1, 2, 1), at(1, 2, 0)}));
+  EXPECT_FALSE(evenly_placed({at(1, 2, 0), at(1, 2, 0), at(1, 2, 1), at(1, 2, 0)}));  // 3 + 1
+  EXPECT_FALSE(evenly_placed({at(1, 2, 1), at(1, 2, 1)}));                            // 2 ranks, 2 cores, one CPU
+  EXPECT_TRUE(evenly_placed({at(1, 2, 0), at(1, 2, 1), at(1, 2, 1)}));                // 3 on 2 cores: 2 + 1
+  EXPECT_TRUE(evenly_placed({at(1, 2, 0), at(1, 2, 1), at(2, 2, 0), at(2, 2, 1)}));   // CPU 0 of two hosts
+  EXPECT_FALSE(evenly_placed({at(1, 2, 0), at(1, 2, 0), at(2, 2, 0), at(2, 2, 1)}));
+  EXPECT_TRUE(evenly_placed({at(1, 2, -1), at(1, 2, -1)}));  // not known: not counted against anyone
+  for (const Place& p : {at(0xfffff, 4095, 4094), at(0, 1, -1), at(12345, 2, 1)}) {
+    const Place q = decode(encode(p));
+    EXPECT_EQ(q.host, p.host);
+    EXPECT_EQ(q.cores, p.cores);
+    EXPECT_EQ(q.cpu, p.cpu);
+  }
+  const Place here = place_now();
+  EXPECT_GE(here.cpu, 0);
+  EXPECT_GE(here.cores, 1);
+  EXPECT_EQ(here.host, place_now().host);
+}
+
+TEST(Report, PlacementListsOnlyRowsWithUnevenIterations) {
+  Row even = sample_row();
+  Row uneven = sample_row();
+  uneven.impl = "mpi";
+  uneven.uneven_pct = 40;
+  uneven.median_uneven_us = 20;
+  uneven.median_even_us = 9;
+  EXPECT_EQ(format_placement({even}), "");
+  const std::string t = format_placement({even, uneven});
+  EXPECT_NE(t.find("| all_gather | mpi | 96 KB | 9.0 | 40.0% | 20.0 | 9.0 |"), std::string::npos) << t;
+  EXPECT_EQ(t.find("| fastgather |"), std::string::npos) << t;
 }
 
 TEST(Report, VerdictComparesSameBytesByMedian) {
@@ -174,6 +212,33 @@ TEST(FgBench, CompareWithoutMpiSaysSoAndWritesValidJson) {
     EXPECT_GT(r["limit_us"].get<double>(), 0) << r.dump();
   }
   EXPECT_EQ(impls, (std::set<std::string>{"fastgather", "private", "staged", "unfused"}));
+  std::remove(json.c_str());
+}
+
+// Two ranks held on one CPU (taskset) are never evenly placed: a timed run
+// warms each case up for three measured times waiting for the kernel to
+// spread them, then measures, and its rows say that every iteration was
+// unevenly placed, with the median there.
+TEST(FgBench, RanksHeldOnOneCpuAreReportedUnevenlyPlaced) {
+  if (std::system("command -v taskset >/dev/null 2>&1") != 0) GTEST_SKIP() << "no taskset";
+  const std::string json = fmt::format("/tmp/fg-bench-test-placement-{}.json", ::getpid());
+  std::string out;
+  int rc = run_bench("taskset -c 0 " + std::string(FG_BENCH_NOMPI),
+                     fmt::format("--ops all_gather --m 1 --hidden 64 --time-ms 40 --no-limits --port {} --json {}",
+                                 fgtest::free_port(), json),
+                     &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("### Placement: rows with iterations whose ranks were unevenly placed"), std::string::npos) << out;
+  std::ifstream f(json);
+  nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(validate_report_json(j), "");
+  ASSERT_FALSE(j["rows"].empty());
+  for (const auto& r : j["rows"]) {
+    EXPECT_EQ(r["uneven_placement_pct"].get<double>(), 100.0) << r.dump();
+    EXPECT_GT(r["median_uneven_us"].get<double>(), 0) << r.dump();
+    EXPECT_EQ(r["median_even_us"].get<double>(), 0) << r.dump();
+    EXPECT_GE(r["warmup_ms"].get<double>(), 3 * 40.0) << r.dump();  // it waited for an even placement, in vain
+  }
   std::remove(json.c_str());
 }
 

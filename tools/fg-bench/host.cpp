@@ -1,5 +1,6 @@
 #include "host.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -64,6 +68,50 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   }
   return "unknown";
+}
+
+Place place_now() {
+  static const Place host = [] {
+    Place p;
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(f, id);
+    p.host = static_cast<uint32_t>(std::hash<std::string>{}(id) & 0xfffff);
+    p.cores = static_cast<int>(std::clamp(::sysconf(_SC_NPROCESSORS_ONLN), 1L, 4095L));
+    return p;
+  }();
+  Place p = host;
+  const int cpu = ::sched_getcpu();
+  p.cpu = cpu >= 0 && cpu < 4095 ? cpu : -1;
+  return p;
+}
+
+// host (20 bits), cores (12), cpu + 1 (12): 44 bits, exact in a double.
+double encode(const Place& p) {
+  const uint64_t v = static_cast<uint64_t>(p.host & 0xfffff) << 24 | static_cast<uint64_t>(p.cores & 0xfff) << 12 |
+                     static_cast<uint64_t>((p.cpu + 1) & 0xfff);
+  return static_cast<double>(v);
+}
+
+Place decode(double d) {
+  const auto v = static_cast<uint64_t>(d);
+  return {static_cast<uint32_t>(v >> 24 & 0xfffff), static_cast<int>(v >> 12 & 0xfff), static_cast<int>(v & 0xfff) - 1};
+}
+
+bool evenly_placed(const std::vector<Place>& ranks) {
+  std::map<uint32_t, int> on_host;
+  std::map<std::pair<uint32_t, int>, int> on_cpu;
+  std::map<uint32_t, int> cores;
+  for (const Place& p : ranks) {
+    ++on_host[p.host];
+    cores[p.host] = std::max(p.cores, 1);
+    if (p.cpu >= 0) ++on_cpu[{p.host, p.cpu}];
+  }
+  for (const auto& [where, n] : on_cpu) {
+    const int fair = (on_host[where.first] + cores[where.first] - 1) / cores[where.first];
+    if (n > fair) return false;
+  }
+  return true;
 }
 
 Status check_writable(const char* flag, const std::string& path) {

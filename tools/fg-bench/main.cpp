@@ -277,6 +277,7 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
     }
   }
   if (std::string t = format_phases(rows); !t.empty()) out += t + "\n";
+  if (std::string t = format_placement(rows); !t.empty()) out += t + "\n";
   out += "Latency per iteration is the slowest rank's. Effective bandwidth = per-rank bytes / avg latency (the original "
          "script's definition); algbw = total gathered bytes / avg latency; busbw = algbw x (n-1)/n (nccl-tests; for sums as nccl-tests: algbw = "
          "per-rank input / avg latency, busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter). "

@@ -127,6 +127,27 @@ std::string format_phases(const std::vector<Row>& rows) {
   return s;
 }
 
+std::string format_placement(const std::vector<Row>& rows) {
+  std::string s;
+  for (const Row& r : rows) {
+    if (r.uneven_pct <= 0) continue;
+    if (s.empty()) {
+      s = "### Placement: rows with iterations whose ranks were unevenly placed\n\n"
+          "| op | impl | per-rank data | median | unevenly placed | median there | median evenly placed |\n"
+          "|---|---|---:|---:|---:|---:|---:|\n";
+    }
+    auto us = [](double v) { return v > 0 ? fmt::format("{:.1f}", v) : std::string("-"); };
+    s += fmt::format("| {} | {} | {} | {:.1f} | {:.1f}% | {} | {} |\n", r.op, r.impl,
+                     human_bytes(static_cast<double>(r.bytes_per_rank)), r.lat.median, r.uneven_pct,
+                     us(r.median_uneven_us), us(r.median_even_us));
+  }
+  if (!s.empty()) {
+    s += "\nUnevenly placed: when the call ended, some CPU held more of its host's ranks than ceil(ranks on the host / "
+         "cores) (sched_getcpu).\n";
+  }
+  return s;
+}
+
 nlohmann::json row_json(const Row& r) {
   return {
       {"op", r.op},
@@ -153,6 +174,10 @@ nlohmann::json row_json(const Row& r) {
       {"limit_us", r.limit_us},
       {"pct_of_limit", r.pct_of_limit},
       {"phases_us", r.phases_us},
+      {"uneven_placement_pct", r.uneven_pct},
+      {"median_even_us", r.median_even_us},
+      {"median_uneven_us", r.median_uneven_us},
+      {"warmup_ms", r.warmup_ms},
   };
 }
 
@@ -179,7 +204,7 @@ std::string validate_report_json(const nlohmann::json& j) {
     for (const char* f : kNumbers) {
       if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
     }
-    for (const char* f : {"limit_us", "pct_of_limit", "skew_us"}) {
+    for (const char* f : {"limit_us", "pct_of_limit", "skew_us", "uneven_placement_pct"}) {
       if (!r.contains(f) || !r[f].is_number()) return fmt::format("row {}: number field '{}' missing", i, f);
     }
     const std::string impl = r["impl"];

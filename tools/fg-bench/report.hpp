@@ -33,6 +33,9 @@ std::string format_speedups(const std::string& op, const std::string& other, dou
 std::string format_compare(const std::string& op, const std::vector<Row>& rows);
 // Where the time of the staged and unfused paths goes, per call.
 std::string format_phases(const std::vector<Row>& rows);
+// The rows with iterations whose ranks were unevenly placed (Row::uneven_pct),
+// with the median of each kind; "" when there are none.
+std::string format_placement(const std::vector<Row>& rows);
 
 nlohmann::json row_json(const Row& r);
 nlohmann::json report_json(const nlohmann::json& config, const std::vector<Row>& rows);

@@ -1,9 +1,12 @@
 #include "runner.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include <fmt/format.h>
+
+#include "host.hpp"
 
 namespace fastgather::bench {
 namespace {
@@ -12,6 +15,25 @@ double us_since(Clock::time_point t0) { return std::chrono::duration<double, std
 // CLOCK_MONOTONIC: one clock for every process of this host, so ranks' end
 // times can be compared.
 double now_us() { return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count(); }
+
+// How long a case's warm-up goes on while the ranks are unevenly placed
+// (evenly_placed), in measured times (--time-ms), and at most: a new job's
+// processes may start three on one core and one on the other, at half speed,
+// until the kernel moves one (docs/benchmarks.md); if it never does, the
+// rows say how often it was so.
+constexpr double kSettleBudgets = 3;
+constexpr double kSettleMaxUs = 1e6;
+
+// Per iteration (of every rank's places, encoded): whether the ranks were evenly placed.
+std::vector<bool> evenly_placed_per_iteration(const std::vector<std::vector<double>>& per_rank) {
+  std::vector<bool> even(per_rank.empty() ? 0 : per_rank[0].size());
+  std::vector<Place> at(per_rank.size());
+  for (size_t i = 0; i < even.size(); ++i) {
+    for (size_t r = 0; r < per_rank.size(); ++r) at[r] = decode(per_rank[r][i]);
+    even[i] = evenly_placed(at);
+  }
+  return even;
+}
 }  // namespace
 
 Result<std::vector<int64_t>> Runner::gather_world(int64_t x) {
@@ -35,20 +57,33 @@ Result<std::vector<std::vector<double>>> Runner::gather_world(const std::vector<
 }
 
 // Warm-up in rounds until rank 0 has spent a tenth of the budget, so the
-// ring has gone round and caches are settled; then an iteration count from
-// a short probe, rank 0's for everyone. Collectives must match, so rank 0
+// ring has gone round and caches are settled, and (timed runs) the ranks are
+// evenly placed or kSettleMaxUs has passed; then an iteration count from a
+// short probe, rank 0's for everyone. Collectives must match, so rank 0
 // decides for everyone after each round.
-Result<int64_t> Runner::warm_and_count(Case& c) {
+Result<int64_t> Runner::warm_and_count(Case& c, double* warmup_ms) {
   auto w0 = Clock::now();
-  for (int round = 0; round < 64; ++round) {
-    for (int i = 0; i < std::max(opt_.warmup, 1); ++i) {
+  const bool timed = opt_.iters == 0;
+  std::vector<double> places(static_cast<size_t>(std::max(opt_.warmup, 1)));
+  for (int round = 0;; ++round) {
+    for (size_t i = 0; i < places.size(); ++i) {
       if (Status s = c.run(static_cast<uint64_t>(i)); !s.ok()) return s;
+      places[i] = encode(place_now());
     }
-    const bool more = opt_.iters == 0 && us_since(w0) < opt_.time_ms * 100;
+    const double spent = us_since(w0);
+    bool more = timed && round < 63 && spent < opt_.time_ms * 100;
+    if (timed) {
+      auto all = gather_world(places);  // on every rank alike: the same verdict everywhere
+      if (!all.ok()) return all.status();
+      const std::vector<bool> even = evenly_placed_per_iteration(all.value());
+      const double settle_us = std::min(kSettleMaxUs, kSettleBudgets * opt_.time_ms * 1e3);
+      if (std::find(even.begin(), even.end(), false) != even.end() && spent < settle_us) more = true;
+    }
     auto go_on = gather_world(more ? 1 : 0);
     if (!go_on.ok()) return go_on.status();
     if (go_on.value()[0] == 0) break;
   }
+  *warmup_ms = us_since(w0) / 1e3;
   const int probe = 3;
   auto t0 = Clock::now();
   for (int i = 0; i < probe; ++i) {
@@ -73,7 +108,7 @@ Result<int64_t> Runner::warm_and_count(Case& c) {
 Status Runner::run_trial(Measuring& p) {
   Group& world = comm_.world();
   Case& c = *p.c;
-  std::vector<double> lat(static_cast<size_t>(p.iters)), done(static_cast<size_t>(p.iters));
+  std::vector<double> lat(static_cast<size_t>(p.iters)), done(static_cast<size_t>(p.iters)), places(static_cast<size_t>(p.iters));
   if (Status s = barrier(world); !s.ok()) return s;
   for (int64_t i = 0; i < p.iters; ++i) {
     ++p.it;
@@ -86,6 +121,7 @@ Status Runner::run_trial(Measuring& p) {
     Status s = c.run(p.it);
     lat[static_cast<size_t>(i)] = us_since(start);
     done[static_cast<size_t>(i)] = now_us();
+    places[static_cast<size_t>(i)] = encode(place_now());
     if (!s.ok()) return s;
     if (opt_.check && p.check_error.empty()) p.check_error = c.verify(p.it);
   }
@@ -94,7 +130,11 @@ Status Runner::run_trial(Measuring& p) {
   if (!per_rank.ok()) return per_rank.status();
   auto ends = gather_world(done);
   if (!ends.ok()) return ends.status();
+  auto where = gather_world(places);
+  if (!where.ok()) return where.status();
   std::vector<double> slowest = slowest_per_iteration(per_rank.value());
+  const std::vector<bool> even = evenly_placed_per_iteration(where.value());
+  for (size_t i = 0; i < slowest.size(); ++i) (even[i] ? p.evenly : p.unevenly).push_back(slowest[i]);
   p.trial_medians.push_back(summarize(slowest).median);
   p.pooled.insert(p.pooled.end(), slowest.begin(), slowest.end());
   for (size_t i = 0; i < static_cast<size_t>(p.iters); ++i) {
@@ -124,6 +164,10 @@ Result<Row> Runner::finish(Measuring& p) {
   row.trial_median_min = *std::min_element(p.trial_medians.begin(), p.trial_medians.end());
   row.trial_median_max = *std::max_element(p.trial_medians.begin(), p.trial_medians.end());
   row.skew_us = summarize(p.skews).avg;
+  row.warmup_ms = p.warmup_ms;
+  row.uneven_pct = p.pooled.empty() ? 0 : 100.0 * static_cast<double>(p.unevenly.size()) / static_cast<double>(p.pooled.size());
+  if (!p.evenly.empty()) row.median_even_us = summarize(p.evenly).median;
+  if (!p.unevenly.empty()) row.median_uneven_us = summarize(p.unevenly).median;
   row.effective_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
   if (row.op == "all_reduce" || row.op == "reduce_scatter") {
     // As nccl-tests counts sums: the per-rank input over the time, and the
@@ -168,7 +212,8 @@ std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& case
   std::vector<Measuring> live;
   std::vector<size_t> index;  // live[j] is cases[index[j]]
   for (size_t i = 0; i < cases.size(); ++i) {
-    auto iters = warm_and_count(*cases[i]);
+    double warmup_ms = 0;
+    auto iters = warm_and_count(*cases[i], &warmup_ms);
     if (!iters.ok()) {
       // Refused on every rank before any byte moved (kUnsupported): the group
       // is intact and the others go on. Anything else ends the measurement.
@@ -176,7 +221,7 @@ std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& case
       rows[i] = iters.status();
       continue;
     }
-    live.push_back(Measuring{cases[i], iters.value()});
+    live.push_back(Measuring{.c = cases[i], .iters = iters.value(), .warmup_ms = warmup_ms});
     index.push_back(i);
   }
   for (int trial = 0; trial < std::max(opt_.trials, 1); ++trial) {

@@ -36,6 +36,11 @@ struct Row {
   double skew_us = 0;        // mean over iterations of (last rank done - first rank done)
   double limit_us = 0;       // lower bound from the machine's limits (0: not measured)
   double pct_of_limit = 0;   // 100 * limit / median
+  // Iterations whose ranks were unevenly placed when the call ended (some
+  // CPU held more of its host's ranks than its share: evenly_placed), in %,
+  // and the median latency of each kind (0: none of that kind).
+  double uneven_pct = 0, median_even_us = 0, median_uneven_us = 0;
+  double warmup_ms = 0;  // rank 0's warm-up, the wait for an even placement included
   std::map<std::string, double> phases_us;  // per call, slowest rank
 };
 
@@ -53,11 +58,14 @@ class Runner {
   struct Measuring {
     Case* c;
     int64_t iters;
+    double warmup_ms = 0;
     uint64_t it = 0;
     std::vector<double> pooled, trial_medians, skews;
+    std::vector<double> evenly, unevenly;  // the pooled latencies by placement
     std::string check_error;
   };
-  Result<int64_t> warm_and_count(Case& c);
+  // *warmup_ms: how long the warm-up took (on this rank).
+  Result<int64_t> warm_and_count(Case& c, double* warmup_ms);
   Status run_trial(Measuring& p);
   Result<Row> finish(Measuring& p);
   // Every world rank's value of x, in rank order.
