@@ -177,7 +177,7 @@ nlohmann::json row_json(const Row& r) {
       {"uneven_placement_pct", r.uneven_pct},
       {"median_even_us", r.median_even_us},
       {"median_uneven_us", r.median_uneven_us},
-      {"warmup_ms", r.warmup_ms},
+      {"settle_ms", r.settle_ms},
   };
 }
 

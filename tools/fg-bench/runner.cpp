@@ -56,34 +56,49 @@ Result<std::vector<std::vector<double>>> Runner::gather_world(const std::vector<
   return per_rank;
 }
 
-// Warm-up in rounds until rank 0 has spent a tenth of the budget, so the
-// ring has gone round and caches are settled, and (timed runs) the ranks are
-// evenly placed or kSettleMaxUs has passed; then an iteration count from a
-// short probe, rank 0's for everyone. Collectives must match, so rank 0
-// decides for everyone after each round.
-Result<int64_t> Runner::warm_and_count(Case& c, double* warmup_ms) {
-  auto w0 = Clock::now();
-  const bool timed = opt_.iters == 0;
+// Timed runs only: calls (untimed, iteration `it`) in rounds while the
+// ranks are unevenly placed, for at most kSettleBudgets measured times; one
+// round when they are not. Every rank decides alike, from everyone's
+// places. Returns how long it took (us).
+Result<double> Runner::settle(Case& c, uint64_t it) {
+  auto t0 = Clock::now();
+  if (opt_.iters != 0) return 0.0;
+  const double most_us = std::min(kSettleMaxUs, kSettleBudgets * opt_.time_ms * 1e3);
   std::vector<double> places(static_cast<size_t>(std::max(opt_.warmup, 1)));
-  for (int round = 0;; ++round) {
-    for (size_t i = 0; i < places.size(); ++i) {
+  for (;;) {
+    for (double& at : places) {
+      if (Status s = c.run(it); !s.ok()) return s;
+      at = encode(place_now());
+    }
+    auto all = gather_world(places);
+    if (!all.ok()) return all.status();
+    const std::vector<bool> even = evenly_placed_per_iteration(all.value());
+    const bool more = std::find(even.begin(), even.end(), false) != even.end() && us_since(t0) < most_us;
+    auto go_on = gather_world(more ? 1 : 0);  // rank 0's clock decides
+    if (!go_on.ok()) return go_on.status();
+    if (go_on.value()[0] == 0) return us_since(t0);
+  }
+}
+
+// Warm-up in rounds until rank 0 has spent a tenth of the budget, so the
+// ring has gone round and caches are settled, and until the ranks are
+// evenly placed (settle); then an iteration count from a short probe, rank
+// 0's for everyone. Collectives must match, so rank 0 decides for everyone
+// after each round.
+Result<int64_t> Runner::warm_and_count(Case& c, double* settle_us) {
+  auto w0 = Clock::now();
+  for (int round = 0; round < 64; ++round) {
+    for (int i = 0; i < std::max(opt_.warmup, 1); ++i) {
       if (Status s = c.run(static_cast<uint64_t>(i)); !s.ok()) return s;
-      places[i] = encode(place_now());
     }
-    const double spent = us_since(w0);
-    bool more = timed && round < 63 && spent < opt_.time_ms * 100;
-    if (timed) {
-      auto all = gather_world(places);  // on every rank alike: the same verdict everywhere
-      if (!all.ok()) return all.status();
-      const std::vector<bool> even = evenly_placed_per_iteration(all.value());
-      const double settle_us = std::min(kSettleMaxUs, kSettleBudgets * opt_.time_ms * 1e3);
-      if (std::find(even.begin(), even.end(), false) != even.end() && spent < settle_us) more = true;
-    }
+    const bool more = opt_.iters == 0 && us_since(w0) < opt_.time_ms * 100;
     auto go_on = gather_world(more ? 1 : 0);
     if (!go_on.ok()) return go_on.status();
     if (go_on.value()[0] == 0) break;
   }
-  *warmup_ms = us_since(w0) / 1e3;
+  auto settled = settle(c, 0);
+  if (!settled.ok()) return settled.status();
+  *settle_us = settled.value();
   const int probe = 3;
   auto t0 = Clock::now();
   for (int i = 0; i < probe; ++i) {
@@ -109,6 +124,13 @@ Status Runner::run_trial(Measuring& p) {
   Group& world = comm_.world();
   Case& c = *p.c;
   std::vector<double> lat(static_cast<size_t>(p.iters)), done(static_cast<size_t>(p.iters)), places(static_cast<size_t>(p.iters));
+  // The kernel may have moved ranks since (a wake-up placed on the waker's
+  // CPU, say): each trial starts evenly placed where it can.
+  const auto phases = c.phase_us;
+  auto settled = settle(c, p.it);
+  if (!settled.ok()) return settled.status();
+  p.settle_us += settled.value();
+  c.phase_us = phases;
   if (Status s = barrier(world); !s.ok()) return s;
   for (int64_t i = 0; i < p.iters; ++i) {
     ++p.it;
@@ -164,7 +186,7 @@ Result<Row> Runner::finish(Measuring& p) {
   row.trial_median_min = *std::min_element(p.trial_medians.begin(), p.trial_medians.end());
   row.trial_median_max = *std::max_element(p.trial_medians.begin(), p.trial_medians.end());
   row.skew_us = summarize(p.skews).avg;
-  row.warmup_ms = p.warmup_ms;
+  row.settle_ms = p.settle_us / 1e3;
   row.uneven_pct = p.pooled.empty() ? 0 : 100.0 * static_cast<double>(p.unevenly.size()) / static_cast<double>(p.pooled.size());
   if (!p.evenly.empty()) row.median_even_us = summarize(p.evenly).median;
   if (!p.unevenly.empty()) row.median_uneven_us = summarize(p.unevenly).median;
@@ -212,8 +234,8 @@ std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& case
   std::vector<Measuring> live;
   std::vector<size_t> index;  // live[j] is cases[index[j]]
   for (size_t i = 0; i < cases.size(); ++i) {
-    double warmup_ms = 0;
-    auto iters = warm_and_count(*cases[i], &warmup_ms);
+    double settle_us = 0;
+    auto iters = warm_and_count(*cases[i], &settle_us);
     if (!iters.ok()) {
       // Refused on every rank before any byte moved (kUnsupported): the group
       // is intact and the others go on. Anything else ends the measurement.
@@ -221,7 +243,7 @@ std::vector<Result<Row>> Runner::measure_together(const std::vector<Case*>& case
       rows[i] = iters.status();
       continue;
     }
-    live.push_back(Measuring{.c = cases[i], .iters = iters.value(), .warmup_ms = warmup_ms});
+    live.push_back(Measuring{.c = cases[i], .iters = iters.value(), .settle_us = settle_us});
     index.push_back(i);
   }
   for (int trial = 0; trial < std::max(opt_.trials, 1); ++trial) {

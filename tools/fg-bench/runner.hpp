@@ -40,7 +40,9 @@ struct Row {
   // CPU held more of its host's ranks than its share: evenly_placed), in %,
   // and the median latency of each kind (0: none of that kind).
   double uneven_pct = 0, median_even_us = 0, median_uneven_us = 0;
-  double warmup_ms = 0;  // rank 0's warm-up, the wait for an even placement included
+  // Rank 0's calls before the warm-up's end and each trial, untimed, while
+  // the ranks were unevenly placed (they wait at most three measured times).
+  double settle_ms = 0;
   std::map<std::string, double> phases_us;  // per call, slowest rank
 };
 
@@ -58,14 +60,15 @@ class Runner {
   struct Measuring {
     Case* c;
     int64_t iters;
-    double warmup_ms = 0;
+    double settle_us = 0;  // spent waiting for an even placement (Runner::settle)
     uint64_t it = 0;
     std::vector<double> pooled, trial_medians, skews;
     std::vector<double> evenly, unevenly;  // the pooled latencies by placement
     std::string check_error;
   };
-  // *warmup_ms: how long the warm-up took (on this rank).
-  Result<int64_t> warm_and_count(Case& c, double* warmup_ms);
+  // *settle_us: how long of it went to waiting for an even placement.
+  Result<int64_t> warm_and_count(Case& c, double* settle_us);
+  Result<double> settle(Case& c, uint64_t it);
   Status run_trial(Measuring& p);
   Result<Row> finish(Measuring& p);
   // Every world rank's value of x, in rank order.
