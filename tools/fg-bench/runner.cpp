@@ -16,11 +16,12 @@ double us_since(Clock::time_point t0) { return std::chrono::duration<double, std
 // times can be compared.
 double now_us() { return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count(); }
 
-// How long a case's warm-up goes on while the ranks are unevenly placed
-// (evenly_placed), in measured times (--time-ms), and at most: a new job's
-// processes may start three on one core and one on the other, at half speed,
-// until the kernel moves one (docs/benchmarks.md); if it never does, the
-// rows say how often it was so.
+// How long a case waits, after its warm-up and before each trial, for its
+// ranks to be evenly placed (evenly_placed), in measured times (--time-ms),
+// and at most: a new job's processes may start three on one core and one on
+// the other, at half speed, until the kernel moves one, and a woken rank may
+// be placed beside its waker later (docs/benchmarks.md); where they stay
+// unevenly placed, the rows say how often.
 constexpr double kSettleBudgets = 3;
 constexpr double kSettleMaxUs = 1e6;
 

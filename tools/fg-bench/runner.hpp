@@ -40,8 +40,9 @@ struct Row {
   // CPU held more of its host's ranks than its share: evenly_placed), in %,
   // and the median latency of each kind (0: none of that kind).
   double uneven_pct = 0, median_even_us = 0, median_uneven_us = 0;
-  // Rank 0's calls before the warm-up's end and each trial, untimed, while
-  // the ranks were unevenly placed (they wait at most three measured times).
+  // Rank 0's time in Runner::settle after the warm-up and before each trial:
+  // untimed calls, one round of them where the ranks were evenly placed, more
+  // while they were not (at most three measured times each).
   double settle_ms = 0;
   std::map<std::string, double> phases_us;  // per call, slowest rank
 };
