@@ -7,7 +7,14 @@ each test spawns WORLD_SIZE ranks that init_process_group(BACKEND) and run it.
 torch's own runner (test/distributed/test_distributed_spawn.py) is not in the
 wheel; this is its class, with fastgather imported so that spawned ranks
 have the backend registered. (Named so that pytest does not collect it:
-it sets the environment torch's tests read.)"""
+it sets the environment torch's tests read.)
+
+Ranks are forked, not spawned as torch's runner does: a spawned rank starts a
+fresh interpreter that imports torch and this suite again, seconds of CPU per
+rank and test on a 2-core machine (most of the suite's time), where a forked
+one starts from this process, which has imported them and made no process
+group. Ranks that start as fresh interpreters are tests/python/
+test_torch_backend.py's (workers.py)."""
 import os
 import sys
 import tempfile
@@ -18,6 +25,7 @@ os.environ.setdefault("BACKEND", "fastgather")
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="fg-dist-test-"))
 
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import fastgather  # noqa: E402,F401  (registers the backend, here and in each spawned rank)
@@ -28,7 +36,7 @@ from torch.testing._internal.distributed.distributed_test import DistributedTest
 class TestFastgatherBackend(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
 
 
 if __name__ == "__main__":
