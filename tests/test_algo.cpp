@@ -162,7 +162,8 @@ TEST(PeerOrder, PeersOnThisCpuFirstThenTheOthersEachFromTheNextMember) {
 
 // An all_reduce of 3+ members runs two-shot from kTwoShotMinBytes, and from
 // the smaller kTwoShotMinBytesOutnumbered where the job's ranks outnumber
-// the host's cores; never for 2 members, nor for a reduce-scatter.
+// the host's cores (2 members: Plan.AnAllReduceOfTwoMembersRunsTwoShotFrom128KiB);
+// never a reduce-scatter.
 TEST(Plan, AllReduceRunsTwoShotSoonerWhereRanksOutnumberCores) {
   const auto ar = OpCode::kAllReduce;
   GroupShape roomy = shape({0, 0, 0, 0});
@@ -174,11 +175,25 @@ TEST(Plan, AllReduceRunsTwoShotSoonerWhereRanksOutnumberCores) {
   EXPECT_EQ(plan_call(crowded, sum(ar, kTwoShotMinBytesOutnumbered - 4)).schedule, Schedule::kOneShot);
   EXPECT_EQ(plan_call(crowded, sum(ar, kTwoShotMinBytesOutnumbered)).schedule, Schedule::kTwoShot);
   EXPECT_EQ(plan_call(crowded, sum(ar, kTwoShotMinBytes)).schedule, Schedule::kTwoShot);
-  GroupShape pair = shape({0, 0});
-  pair.outnumbered = true;
-  EXPECT_EQ(plan_call(pair, sum(ar, kTwoShotMinBytes)).schedule, Schedule::kOneShot);
   EXPECT_EQ(plan_call(crowded, sum(OpCode::kReduceScatter, kTwoShotMinBytes)).schedule, Schedule::kOneShot);
   static_assert(kTwoShotMinBytesOutnumbered < kTwoShotMinBytes);
+}
+
+// An all_reduce of 2 members runs two-shot from kTwoShotMinBytesTwoMembers,
+// whether the ranks outnumber the cores or not; a reduce-scatter never.
+TEST(Plan, AnAllReduceOfTwoMembersRunsTwoShotFrom128KiB) {
+  const auto ar = OpCode::kAllReduce;
+  static_assert(kTwoShotMinBytesTwoMembers == 128 << 10);
+  for (bool outnumbered : {false, true}) {
+    SCOPED_TRACE(outnumbered);
+    GroupShape pair = shape({0, 0}, true, true);
+    pair.outnumbered = outnumbered;
+    EXPECT_EQ(plan_call(pair, sum(ar, kTwoShotMinBytesOutnumbered)).schedule, Schedule::kOneShot);
+    EXPECT_EQ(plan_call(pair, sum(ar, kTwoShotMinBytesTwoMembers - 4)).schedule, Schedule::kOneShot);
+    EXPECT_EQ(plan_call(pair, sum(ar, kTwoShotMinBytesTwoMembers)).schedule, Schedule::kTwoShot);
+    EXPECT_EQ(plan_call(pair, sum(ar, kTwoShotMinBytes)).schedule, Schedule::kTwoShot);
+    EXPECT_EQ(plan_call(pair, sum(OpCode::kReduceScatter, kTwoShotMinBytes)).schedule, Schedule::kOneShot);
+  }
 }
 
 // There, too, an all_reduce reads its inputs in place only from

@@ -90,10 +90,12 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   }
   const bool all_reduce = call.op == OpCode::kAllReduce;
   const int n = g.topo.members();
-  const size_t two_shot_from = g.outnumbered ? kTwoShotMinBytesOutnumbered : kTwoShotMinBytes;
+  const size_t two_shot_from = n == 2          ? kTwoShotMinBytesTwoMembers
+                               : g.outnumbered ? kTwoShotMinBytesOutnumbered
+                                               : kTwoShotMinBytes;
   switch (call.schedule) {
     case Schedule::kAuto:
-      p.schedule = all_reduce && n >= 3 && call.bytes >= two_shot_from ? Schedule::kTwoShot : Schedule::kOneShot;
+      p.schedule = all_reduce && n >= 2 && call.bytes >= two_shot_from ? Schedule::kTwoShot : Schedule::kOneShot;
       break;
     case Schedule::kOneShot: p.schedule = Schedule::kOneShot; break;
     case Schedule::kTwoShot:
@@ -371,8 +373,9 @@ std::vector<PlanRow> plan_table() {
        "every input to every member on another server", example_sum(OpCode::kReduceScatter, 4096, true),
        example_group({0, 0, 1})},
       {fmt::format("sums within one server: all_reduce of 3+ members, >= {} per member ({} where the job's ranks "
-                   "on the server outnumber its cores), two-shot or auto asked",
-                   size_words(kTwoShotMinBytes), size_words(kTwoShotMinBytesOutnumbered)),
+                   "on the server outnumber its cores), or of 2 members, >= {}; two-shot or auto asked",
+                   size_words(kTwoShotMinBytes), size_words(kTwoShotMinBytesOutnumbered),
+                   size_words(kTwoShotMinBytesTwoMembers)),
        "schedule: two-shot", "each member sums its 1/n chunk of every input, then copies every other member's summed chunk",
        example_sum(OpCode::kAllReduce, kTwoShotMinBytes), example_group(one_server)},
       {"sums, otherwise", "schedule: one-shot",

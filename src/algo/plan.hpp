@@ -122,6 +122,14 @@ constexpr size_t kTwoShotMinBytes = 256 << 10;
 // between ranks that yield to each other
 // (docs/benchmarks.md, "Two-shot from 32 KiB where ranks outnumber cores").
 constexpr size_t kTwoShotMinBytesOutnumbered = 32 << 10;
+// An all-reduce of 2 members runs two-shot from this size, whether its ranks
+// outnumber the cores or not: each member then copies half its input into
+// its ring instead of all of it and sums half, for one more step; a private
+// or freshly written input is summed faster from here (docs/benchmarks.md,
+// "Two-shot for two members"). Only an input in the heap that nobody has
+// written since the last call is not: one-shot reads it from the reader's own
+// cache.
+constexpr size_t kTwoShotMinBytesTwoMembers = 128 << 10;
 
 // Largest piece a shared-memory step holds for this alignment (0: a row
 // does not fit one step).
