@@ -526,10 +526,13 @@ def matmul_for(seconds):
 def async_overlap(rank, world):
     """async_op=True: rank 0 starts the gather, computes 50 ms, then waits; rank 1's blocking
     call must return during rank 0's computation, and rank 0 must find its work done. 1 MiB per
-    rank takes several pipeline steps through the ring (a quarter of L2 each), so rank 0's side
-    must make progress while Python computes (its progress thread), not only post its first
-    bytes. (Larger blocks, 8 MB, took 40-62 ms here: each step waits for the progress thread to
-    be scheduled beside torch's two matmul threads on two cores.)"""
+    rank takes several pipeline steps through the ring (a quarter of L2 each), and rank 1 starts
+    its call 10 ms after rank 0's, so rank 0's side must make progress while Python computes
+    (its progress thread), not only post its first bytes. (Had both started together, rank 0's
+    first look could find each of rank 1's steps already there and finish the whole gather
+    before it returned: with 2 MiB of L2, 1 MiB is only 3 steps. Larger blocks, 8 MB, took
+    40-62 ms: each step waits for the progress thread to be scheduled beside torch's two
+    matmul threads on two cores.)"""
     fg = dist.new_group(list(range(world)), backend="fastgather")
     for nbytes in [96 * 1024, (1 << 20) + 4]:
         n = nbytes // 4
@@ -549,6 +552,7 @@ def async_overlap(rank, world):
             print(f"{nbytes} B: rank 1 returned {1e3 * (times[1] - t0):.2f} ms into rank 0's 50 ms matmul",
                   file=sys.stderr)
         else:
+            time.sleep(0.01)  # rank 0 has started its gather and is computing
             dist.all_gather_into_tensor(flat, x, group=fg)
             exchange_times(time.monotonic())
         check(same_bytes(flat, torch.cat([pattern(r, torch.float32, (n,)) for r in range(world)])), f"{nbytes} B")
