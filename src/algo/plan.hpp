@@ -126,9 +126,10 @@ constexpr size_t kTwoShotMinBytesOutnumbered = 32 << 10;
 // outnumber the cores or not: each member then copies half its input into
 // its ring instead of all of it and sums half, for one more step; a private
 // or freshly written input is summed faster from here (docs/benchmarks.md,
-// "Two-shot for two members"). Only an input in the heap that nobody has
-// written since the last call is not: one-shot reads it from the reader's own
-// cache.
+// "Two-shot for two members"). An input in the heap that nobody has written
+// since the last call is not (one-shot reads it from the reader's own cache),
+// nor, in those runs, one read in place at 512 KiB by pairs whose ranks
+// outnumber the cores.
 constexpr size_t kTwoShotMinBytesTwoMembers = 128 << 10;
 
 // Largest piece a shared-memory step holds for this alignment (0: a row

@@ -1,12 +1,12 @@
 """PyTorch's own distributed tests (torch/testing/_internal/distributed/
 distributed_test.py, from the installed torch) on the fastgather backend:
-each test spawns WORLD_SIZE ranks that init_process_group(BACKEND) and run it.
+each test starts WORLD_SIZE ranks that init_process_group(BACKEND) and run it.
 
     BACKEND=fastgather WORLD_SIZE=2 python distributed_suite.py TestFastgatherBackend.test_all_gather ...
 
 torch's own runner (test/distributed/test_distributed_spawn.py) is not in the
-wheel; this is its class, with fastgather imported so that spawned ranks
-have the backend registered. (Named so that pytest does not collect it:
+wheel; this is its class, with fastgather imported so that the ranks have
+the backend registered. (Named so that pytest does not collect it:
 it sets the environment torch's tests read.)
 
 Ranks are forked, not spawned as torch's runner does: a spawned rank starts a
@@ -28,7 +28,7 @@ os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="fg-dist-test-"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import fastgather  # noqa: E402,F401  (registers the backend, here and in each spawned rank)
+import fastgather  # noqa: E402,F401  (registers the backend, here and so in each forked rank)
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 
