@@ -214,10 +214,10 @@ TEST(ShmChannel, WaitTimesOutNamingThePeerAndStaysBroken) {
 }
 
 // Catches: a post that does not wake a sleeping waiter (the futex wake
-// deleted). The waiter sleeps in 30 s slices here, so without the wake it
-// would stay asleep far past the bound below.
+// deleted). The waiter sleeps in 15 s slices here, so without the wake it
+// would stay asleep past the bound below.
 TEST(ShmChannel, SleepingWaiterIsWokenByPost) {
-  Pair p = make_pair(60000ms, 30000ms);
+  Pair p = make_pair(60000ms, 15000ms);
   const uint64_t step = p.a->next_step();
   std::thread late([&] {
     std::this_thread::sleep_for(200ms);  // long past spin and yield: the waiter is on the futex
