@@ -15,6 +15,9 @@ PACKAGES=(g++ cmake make pkg-config libgtest-dev libopenblas-dev libcli11-dev li
 PY_PACKAGES=(torch==2.13.0 numpy pytest expecttest scikit-build-core)
 VENV=.venv
 
+# Each phase's heading says when it began (seconds since this script started).
+phase() { echo "== $* (at ${SECONDS} s)"; }
+
 apt_install() {
   local missing=()
   for p in "$@"; do
@@ -60,12 +63,12 @@ build() {
 # 70% of -O2's time, its tests about 8% longer.
 SANITIZED=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" -DFG_WITH_MPI=OFF)
 sanitizers() {
-  echo "== ASan+UBSan build and tests"
+  phase "ASan+UBSan build and tests"
   cmake -S . -B build-asan "${SANITIZED[@]}" -DFG_SANITIZE=address,undefined >/dev/null
   cmake --build build-asan -j"$(nproc)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j1 -E '^Soak\.|^ContentionTwelveRanks$'
-  echo "== TSan build and tests (transport, store)"
+  phase "TSan build and tests (transport, store)"
   # These tests never span servers, so they never load UCX (src/transport/ucx_api.hpp),
   # whose memory hooks (UCM) crash under TSan's own interceptors. (When the library
   # linked UCX, they had to be turned off here: UCX_MEM_MALLOC_HOOKS=no.)
@@ -78,6 +81,7 @@ sanitizers() {
 # libFuzzer on the store's frame parser and on the parsers of the values
 # ranks read from the store, each from its checked-in seeds, 20 s.
 fuzz() {
+  phase "libFuzzer build"
   cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFG_FUZZ=ON \
     -DFG_BUILD_TESTS=OFF -DFG_WITH_MPI=OFF >/dev/null
   cmake --build build-fuzz -j"$(nproc)" --target fuzz_store_frame fuzz_store_values
@@ -85,7 +89,7 @@ fuzz() {
   for target in fuzz_store_frame:corpus fuzz_store_values:corpus-values; do
     seeds=${target#*:}
     target=${target%%:*}
-    echo "== libFuzzer: $target"
+    phase "libFuzzer: $target"
     corpus=$(mktemp -d)
     cp "tests/fuzz/$seeds"/* "$corpus"/
     ./build-fuzz/"$target" -max_total_time=20 -max_len=4096 "$corpus" 2>&1 | tail -3
@@ -96,7 +100,7 @@ fuzz() {
 # Each test that guards a mechanism must fail when that mechanism is broken:
 # a copy of the tree is mutated one way at a time and the test must catch it.
 mutations() {
-  echo "== mutation checks"
+  phase "mutation checks"
   bash tests/mutations/run.sh
 }
 
@@ -122,8 +126,11 @@ case "${1:-}" in
     python3 scripts/bench_doc.py docs/benchmarks.md  # the five runs above (bench_doc.RUNS)
     ;;
   test)
+    phase "dependencies"
     deps
+    phase "build"
     build
+    phase "tests"
     # One test at a time: fault tests measure time-to-error on a 2-core machine.
     ctest --test-dir build --output-on-failure -j1
     sanitizers
@@ -131,6 +138,7 @@ case "${1:-}" in
     # Every test the mutation checks name has just passed on this tree, at -O2
     # and at -O1 under the sanitizers: the checks do not run them unmutated again.
     FG_MUTATIONS_UNMUTATED_PASSED="Release and ASan+UBSan" mutations
+    phase "done"
     ;;
   *)
     echo "usage: $0 bench [fg-bench args] | test | bench-docs" >&2
