@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/caches.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
 
@@ -38,6 +39,22 @@ TEST(Settings, FromTheEnvironmentWithEveryVariableChecked) {
   auto s = Settings::from_environment();
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("FG_NET_PIECE_BYTES"), std::string::npos) << s.status().message();
+}
+
+// Where sysfs reports a server's whole last-level cache (480 MiB on a Xeon
+// VM), streaming stores start from a quarter of 128 MiB, not of 480: the
+// default threshold follows the cache a call can count on.
+TEST(Settings, StreamingStoresStartFromAQuarterOfAtMost128MiBOfCache) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  EXPECT_EQ(base::counted_llc_bytes(480 * kMiB), 128 * kMiB);
+  EXPECT_EQ(base::counted_llc_bytes(129 * kMiB), 128 * kMiB);
+  EXPECT_EQ(base::counted_llc_bytes(128 * kMiB), 128 * kMiB);
+  EXPECT_EQ(base::counted_llc_bytes(32 * kMiB), 32 * kMiB);
+  EXPECT_EQ(base::counted_llc_bytes(0), 32 * kMiB);  // unknown: 8 MiB of output, as before
+  // This machine's default, from what its sysfs says.
+  Settings s;
+  EXPECT_EQ(s.effective_stream_out_bytes(), base::counted_llc_bytes(base::cache_bytes(0)) / 4);
+  EXPECT_LE(s.effective_stream_out_bytes(), 32 * kMiB);
 }
 
 TEST(Settings, ValuesSetInCodeAreCheckedLikeTheEnvironments) {

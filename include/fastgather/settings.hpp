@@ -26,7 +26,7 @@ struct Settings {
   size_t symmetric_bytes = size_t{1} << 30;
   // Output bytes per call from which blocks are copied out with streaming
   // stores (FG_STREAM_OUT_BYTES; 0: always); unset: a quarter of the
-  // last-level cache.
+  // last-level cache, counted as at most 128 MiB.
   std::optional<size_t> stream_out_bytes;
   // How bytes are stored into the ring (FG_COPY_IN): learned per size, or forced.
   enum class CopyIn { kLearned, kCached, kStreaming } copy_in = CopyIn::kLearned;

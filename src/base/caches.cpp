@@ -39,6 +39,8 @@ size_t cache_bytes(int level) {
   return level >= 0 && level < static_cast<int>(sizes.size()) ? sizes[static_cast<size_t>(level)] : read_cache_bytes(level);
 }
 
+size_t counted_llc_bytes(size_t llc) { return llc == 0 ? kUnknownLlcBytes : std::min(llc, kMostCountedLlcBytes); }
+
 size_t l2_bytes() {
   const size_t l2 = cache_bytes(2);
   return l2 != 0 ? l2 : size_t{1} << 20;

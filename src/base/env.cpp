@@ -31,7 +31,7 @@ constexpr EnvVar kTable[] = {
      "the ring protocol streams a block in steps of this many bytes (the group's creator decides)"},
     {"FG_SYMMETRIC_BYTES", K::kCount, 0, uint64_t{1} << 32, "", "1073741824 (1 GiB, reserved as used)",
      "symmetric heap per member of a group on one server, for Group::empty (0: none)"},
-    {"FG_STREAM_OUT_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "a quarter of the last-level cache",
+    {"FG_STREAM_OUT_BYTES", K::kCount, 0, uint64_t{1} << 40, "", "a quarter of the last-level cache, counted as at most 128 MiB",
      "output bytes per call from which blocks are copied out with streaming stores"},
     {"FG_COPY_IN", K::kWord, 0, 0, "cached|streaming", "learned per size", "how bytes are stored into the ring"},
     {"FG_SINGLE_COPY", K::kWord, 0, 0, "auto|off|always",

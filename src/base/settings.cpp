@@ -103,8 +103,7 @@ size_t Settings::effective_pipeline_bytes() const {
 
 size_t Settings::effective_stream_out_bytes() const {
   if (stream_out_bytes) return *stream_out_bytes;
-  const size_t llc = base::cache_bytes(0);
-  return llc != 0 ? llc / 4 : size_t{8} << 20;
+  return base::counted_llc_bytes(base::cache_bytes(0)) / 4;
 }
 
 std::string Settings::describe() const {

@@ -43,6 +43,7 @@ MUTATIONS=(
   "a stranger's HELLO is read without a bound|src/bootstrap/tcp_store.cpp|s/const size_t want = cl\.greeted \? sizeof\(buf\) : [^;]*;(.*?)if \(4 \+ static_cast<size_t>\(len\) > kMaxHello\)/const size_t want = sizeof(buf);\1if (false)/s|test_tcp_store|TcpStore.HalfSentHellosCostLittleMemory"
   "the store client gives up at its deadline without reading what arrived|src/bootstrap/tcp_store.cpp|s/if \(left <= 0 && !last_look\)/if (false)/|test_tcp_store|TcpStore.AReplyThatArrivedByTheDeadlineIsAnAnswer"
   "a member that fails building a group tells nobody|src/core/communicator.cpp|s/    if \(!heard_\) \{/    if (false) {/|test_faults|Groups/MemberCannotMap.*/0"
+  "a server's whole last-level cache is counted for streaming stores|src/base/caches.cpp|s/std::min\(llc, kMostCountedLlcBytes\)/llc/|test_settings|Settings.StreamingStoresStartFromAQuarterOfAtMost128MiBOfCache"
   "Config::settings is ignored for the environment's|src/core/communicator.cpp|s/  if \(config\.settings\) \{/  if (false) {/|test_settings|Settings.ConfigSettingsWin*"
   "fg-bench's limits helper outlives the process that measures|tools/fg-bench/limits.cpp|s/::prctl\(PR_SET_PDEATHSIG, SIGKILL\);//; s/if \(is_parent_\) return ::getppid\(\) == pid_;/if (is_parent_) return true;/|test_bench|FgBench.KilledDuringItsLimitsMeasurementItLeavesNoProcess"
   "a long wait is not reported|src/engine/driver.cpp|s/if \(opt_\.policy\.report\.count\(\) > 0 && waited >= next_report_\) report\(waited\);//|test_faults|Stall.APeerStoppedForTenSecondsIsReportedNotFailed"
