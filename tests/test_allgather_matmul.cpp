@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -94,19 +95,27 @@ std::string run_case(const Config& c, const Case& cs) {
     RANK_OK(all_gather_matmul(g, x1.view(), x2.view(), bias_view, out.view(),
                               cs.gather_output ? gathered.view() : TensorView{}, opt));
     const double u_out = output_roundoff(d);
+    // The operands as floats, each element converted once (a load per product
+    // was most of the test's time under ASan).
+    auto floats = [d](const Tensor& t) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (size_t q = 0; q < v.size(); ++q) v[q] = load(d, t.data(), q);
+      return v;
+    };
+    const std::vector<float> x2f = floats(x2);
     for (int r = 0; r < w; ++r) {
       Tensor xr = make_x1(d, cs.m, cs.k, g.ranks()[r], seed);
       if (cs.gather_output) {
         RANK_CHECK(std::memcmp(gathered.data_as<char>() + r * xr.nbytes(), xr.data(), xr.nbytes()) == 0,
                    "gather_out block of rank {} differs from its x1", r);
       }
+      const std::vector<float> xrf = floats(xr);
       for (int64_t i = 0; i < cs.m; ++i) {
         for (int64_t j = 0; j < cs.n; ++j) {
           double ref = use_bias ? load(d, bias.data(), static_cast<size_t>(j)) : 0.0;
           double mag = std::fabs(ref);
           for (int64_t p = 0; p < cs.k; ++p) {
-            double t = static_cast<double>(load(d, xr.data(), static_cast<size_t>(i * cs.k + p))) *
-                       load(d, x2.data(), static_cast<size_t>(p * cs.n + j));
+            double t = static_cast<double>(xrf[static_cast<size_t>(i * cs.k + p)]) * x2f[static_cast<size_t>(p * cs.n + j)];
             ref += t;
             mag += std::fabs(t);
           }
