@@ -531,8 +531,8 @@ std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (auto [rows_each, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 5, 1}, {7, 300, 100}, {64, 33, 1000}, {3, 0, 16}, {0, 8, 8}, {50, 64, 3072}, {32, 32, wide}}) {
-      // One reference for the call without the bias and the call with it
-      // (the same inputs): the float64 GEMM is most of this test's time.
+      // One float64 reference for the call without the bias and the call
+      // with it: both take the same inputs.
       ++salt;
       const int64_t m = rows_each * w;
       Tensor x1 = exact_tensor(dtype, {m, k}, g.rank(), salt);
