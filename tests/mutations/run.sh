@@ -119,9 +119,9 @@ fi
 build() { cmake --build "$WORK/build" -j"$(nproc)" --target "$1" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; return 1; }; }
 caught=0 missed=0
 # The unmutated tree passes every one of these tests first (each test and filter
-# once), unless the caller has just passed them all on this tree and says so with
-# FG_MUTATIONS_UNMUTATED_PASSED=1 (scripts/run.sh test: its ctest runs at -O2 and,
-# under ASan+UBSan, at -O1, the level these mutants are built at).
+# once), unless the caller has just passed them all on this tree and says where in
+# FG_MUTATIONS_UNMUTATED_PASSED (any non-empty text; scripts/run.sh test: its ctest
+# runs at -O2 and, under ASan+UBSan, at -O1, the level these mutants are built at).
 if [ -n "${FG_MUTATIONS_UNMUTATED_PASSED:-}" ]; then
   echo "unmutated: passed in the caller's ctest runs ($FG_MUTATIONS_UNMUTATED_PASSED)"
 else
