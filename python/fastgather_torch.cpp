@@ -972,7 +972,7 @@ void set_settings(const py::kwargs& kw) {
     else if (k == "report_ms") s.report_after = std::chrono::milliseconds(count(k, value));
     else if (k == "copy_in") s.copy_in = static_cast<fg::Settings::CopyIn>(word(k, value, {"learned", "cached", "streaming"}));
     else if (k == "single_copy") s.single_copy = static_cast<fg::Settings::SingleCopy>(word(k, value, {"auto", "off", "always"}));
-    else if (k == "fused_gemm") s.fused_gemm = static_cast<fg::Settings::FusedGemm>(word(k, value, {"auto", "openblas"}));
+    else if (k == "fused_gemm") s.fused_gemm = static_cast<fg::Settings::FusedGemm>(word(k, value, {"auto", "openblas", "avx2"}));
     else C10_THROW_ERROR(TypeError, "fastgather: set_settings: no setting named '" + k + "'");
   }
   if (fg::Status st = s.validate(); !st.ok()) raise(st);

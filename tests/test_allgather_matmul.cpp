@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "base/caches.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
 
@@ -92,8 +93,20 @@ std::string run_case(const Config& c, const Case& cs) {
     AllGatherMatmulOptions opt;
     opt.gather_output = cs.gather_output;
     opt.schedule = cs.schedule;
+    CallStats stats;
+    opt.stats = &stats;
     RANK_OK(all_gather_matmul(g, x1.view(), x2.view(), bias_view, out.view(),
                               cs.gather_output ? gathered.view() : TensorView{}, opt));
+    // Gathered first and multiplied in one call where x2 (in fp32) is over
+    // half of L2, in every dtype, and where fp32 has fewer than 64 rows in
+    // all; else a piece at a time (each member's block at least one call).
+    const size_t rows_all = static_cast<size_t>(cs.m * w);
+    const size_t x2_bytes = static_cast<size_t>(cs.k * cs.n) * sizeof(float);
+    const bool whole = x2_bytes > fastgather::base::l2_bytes() / 2 || (d == DType::kF32 && rows_all < 64);
+    if (w > 1 && cs.m > 0) {
+      RANK_CHECK(whole == (stats.gemm_calls == 1), "{} m={} k={} n={}: {} GEMM calls", dtype_name(d), cs.m, cs.k, cs.n,
+                 stats.gemm_calls);
+    }
     const double u_out = output_roundoff(d);
     // The operands as floats, each element converted once (a load per product
     // was most of the test's time under ASan).
@@ -132,7 +145,8 @@ std::string run_case(const Config& c, const Case& cs) {
 
 }  // namespace
 
-// Both of the fused op's GEMMs (FG_FUSED_GEMM): the packed kernel and OpenBLAS.
+// Every GEMM of the fused op (FG_FUSED_GEMM): the packed kernel (in its
+// AVX-512 form where the CPU has it), its AVX2 form, and OpenBLAS.
 class Fused : public ::testing::TestWithParam<std::tuple<DType, int, const char*>> {};
 
 TEST_P(Fused, MatchesReferenceGemm) {
@@ -147,13 +161,20 @@ TEST_P(Fused, MatchesReferenceGemm) {
       {dtype, 300, 64, 24, true, true, "65536"},       // many pieces per rank
       {dtype, 300, 64, 24, false, false, "65536"},
       // The packed kernel's edges: k past one 256-wide pass and not a multiple
-      // of it, n not a multiple of the 16-column panel (1, 3 panels), a 4-row
-      // tail tile, row chunks (48 rows at n <= 16, 12 at n = 1100), k = 0.
+      // of it, n not a multiple of the 16-column panel (1, 3 panels: with
+      // AVX-512 a pair and a last one alone), a 4-row tail tile, row chunks
+      // (96 rows at n <= 16, fewer at n = 1100 by the core's L2), k = 0. In
+      // fp32 fewer than 64 rows are multiplied whole: the 64-row cases keep
+      // the packed kernel's fp32 path in the test.
       {dtype, 13, 300, 33, true, true, ""},
+      {dtype, 64, 300, 33, true, false, ""},
       {dtype, 100, 520, 7, true, false, ""},
       {dtype, 17, 40, 1100, true, true, ""},
+      {dtype, 64, 40, 1100, false, false, ""},
       {dtype, 6, 1, 16, false, true, ""},
       {dtype, 4, 0, 20, true, false, ""},
+      // x2 just over half of L2: gathered, then one call in every dtype.
+      {dtype, 4, 32, static_cast<int64_t>(fastgather::base::l2_bytes() / 2 / (32 * sizeof(float))) + 16, true, true, ""},
   };
   for (const Case& cs : cases) {
     SCOPED_TRACE(fmt::format("m={} k={} n={} bias={} gather_output={} ring={}", cs.m, cs.k, cs.n, cs.bias,
@@ -164,7 +185,7 @@ TEST_P(Fused, MatchesReferenceGemm) {
 
 INSTANTIATE_TEST_SUITE_P(AllGatherMatmul, Fused,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                                            ::testing::Values(1, 2, 3), ::testing::Values("packed", "openblas")),
+                                            ::testing::Values(1, 2, 3), ::testing::Values("packed", "avx2", "openblas")),
                          [](const auto& info) {
                            return fmt::format("{}_world{}_{}", dtype_name(std::get<0>(info.param)), std::get<1>(info.param),
                                               std::get<2>(info.param));

@@ -524,8 +524,8 @@ std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
   Group& g = (*comm)->world();
   const int64_t w = g.size();
   int salt = 0;
-  // x2 twice this core's L2 (k = 32), with 64 rows or more: in fp32
-  // multiplied at once for its size alone.
+  // x2 twice this core's L2 (k = 32), with 64 rows or more: multiplied at
+  // once for its size alone, in every dtype.
   const size_t l2 = fastgather::base::l2_bytes();
   const auto wide = static_cast<int64_t>(2 * l2 / (32 * sizeof(float)));
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -560,12 +560,13 @@ std::string matmul_reduce_scatter_cases(const Config& c, int gemm_threads) {
         RANK_OK(matmul_reduce_scatter(g, x1.view(), x2.view(), b, out.view(), {.gemm_threads = gemm_threads, .stats = &stats}));
         RANK_CHECK(c.servers == 1 || stats.schedule == Schedule::kHierarchical, "across servers it ran {}",
                    to_string(stats.schedule));
-        // fp32: the wide x2 (beyond L2) and fewer than 64 rows are multiplied
-        // at once; at least 64 rows with an x2 well within L2, and other
-        // dtypes, a piece at a time (each member's chunk at least one call).
+        // The wide x2 (beyond L2) is multiplied at once in every dtype, and
+        // in fp32 fewer than 64 rows too; with an x2 well within L2, at
+        // least 64 rows, and other dtypes' rows, a piece at a time (each
+        // member's chunk at least one call).
         const size_t x2_bytes = static_cast<size_t>(k * n) * sizeof(float);
         if (w > 1 && c.servers == 1 && m > 0 && (n == wide || x2_bytes <= l2 / 4)) {
-          const bool at_once = dtype == DType::kF32 && (n == wide || m < 64);
+          const bool at_once = n == wide || (dtype == DType::kF32 && m < 64);
           RANK_CHECK(at_once == (stats.gemm_calls == 1), "{} m={} k={} n={}: {} GEMM calls", dtype_name(dtype), m, k, n,
                      stats.gemm_calls);
         }

@@ -6,10 +6,33 @@
 #include <fmt/format.h>
 
 #include "base/caches.hpp"
+#include "ops/gemm.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
 
 using namespace fastgather;
+
+// FG_FUSED_GEMM=avx2 keeps the fused ops on the AVX2 kernel where the CPU
+// has AVX-512 (how the tests reach that kernel on such a CPU); unset, the
+// CPU decides; openblas, or more than one GEMM thread, is OpenBLAS.
+TEST(Settings, FusedGemmAvx2PicksTheAvx2KernelWhateverTheCpu) {
+  if (!ops::packed_gemm_supported()) GTEST_SKIP() << "no AVX2/FMA/F16C: every setting is OpenBLAS";
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  for (auto [word, want] : std::vector<std::pair<const char*, ops::GemmKernel>>{
+           {"avx2", ops::GemmKernel::kAvx2},
+           {"packed", avx512 ? ops::GemmKernel::kAvx512 : ops::GemmKernel::kAvx2},
+           {"openblas", ops::GemmKernel::kOpenBlas}}) {
+    fgtest::ScopedEnv e({std::pair<const char*, const char*>{"FG_FUSED_GEMM", word}});
+    auto s = Settings::from_environment();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_EQ(ops::gemm_kernel(1, s.value()), want) << word;
+    EXPECT_EQ(ops::gemm_kernel(2, s.value()), ops::GemmKernel::kOpenBlas) << word;
+  }
+  fgtest::ScopedEnv e({std::pair<const char*, const char*>{"FG_FUSED_GEMM", "avx2"}});
+  auto s = Settings::from_environment();
+  ASSERT_TRUE(s.ok());
+  EXPECT_NE(s.value().describe().find("FG_FUSED_GEMM=avx2"), std::string::npos) << s.value().describe();
+}
 
 TEST(Settings, FromTheEnvironmentWithEveryVariableChecked) {
   {

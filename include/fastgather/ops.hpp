@@ -34,8 +34,9 @@ struct CallStats {
   // (learned per size as the faster way here, or Settings::copy_in).
   bool streamed_in = false;
   bool in_place = false;  // some member's block was read where it lies, in its owner's symmetric heap
-  // matmul_reduce_scatter: the calls of the GEMM this rank's product took
-  // (1 where the op multiplied all its rows at once before sending any).
+  // The fused ops: the calls of the GEMM this rank's product took (1 where
+  // the op multiplied all its rows at once: matmul_reduce_scatter before
+  // sending any, all_gather_matmul once every row was gathered).
   size_t gemm_calls = 0;
 };
 

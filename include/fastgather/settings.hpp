@@ -37,9 +37,10 @@ struct Settings {
   // pays on huge-page memory, which Tensor gives from 1 MiB (docs/benchmarks.md,
   // "Single copy").
   size_t single_copy_min_bytes = size_t{1} << 20;
-  // The fused op's GEMM (FG_FUSED_GEMM): the packed kernel where the CPU has
-  // it, or OpenBLAS's sgemm.
-  enum class FusedGemm { kAuto, kOpenBlas } fused_gemm = FusedGemm::kAuto;
+  // The fused ops' GEMM (FG_FUSED_GEMM): the packed kernel where the CPU has
+  // it (its AVX-512 form where the CPU has that), the packed kernel's AVX2
+  // form whatever the CPU has, or OpenBLAS's sgemm.
+  enum class FusedGemm { kAuto, kOpenBlas, kAvx2 } fused_gemm = FusedGemm::kAuto;
   // Waiting: spin, then yield, then sleep (FG_SPIN_US, FG_YIELD_US); unset:
   // by how many processes share the cores.
   std::optional<std::chrono::microseconds> spin, yield;

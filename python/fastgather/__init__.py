@@ -84,7 +84,7 @@ def set_settings(**settings):
     ``hier_min_bytes``, ``net_piece_bytes``, ``spin_us``, ``yield_us``,
     ``report_ms`` (ints), ``copy_in`` ("learned", "cached", "streaming"),
     ``single_copy`` ("auto", "off", "always"), ``fused_gemm`` ("auto",
-    "openblas"). With no keyword, groups read the environment alone again.
+    "openblas", "avx2"). With no keyword, groups read the environment alone again.
     Every rank of a group must create it with the same settings. Unknown names
     and wrong types raise TypeError, values out of range ValueError."""
     _C.set_settings(**settings)

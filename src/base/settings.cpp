@@ -65,7 +65,10 @@ Result<Settings> Settings::from_environment() {
   }
   auto gemm = base::env_word("FG_FUSED_GEMM");
   if (!gemm.ok()) return gemm.status();
-  if (gemm.value()) s.fused_gemm = *gemm.value() == "openblas" ? FusedGemm::kOpenBlas : FusedGemm::kAuto;
+  if (gemm.value()) {
+    s.fused_gemm = *gemm.value() == "openblas" ? FusedGemm::kOpenBlas : *gemm.value() == "avx2" ? FusedGemm::kAvx2
+                                                                                               : FusedGemm::kAuto;
+  }
   return s;
 }
 
@@ -112,12 +115,13 @@ std::string Settings::describe() const {
   };
   const char* copy = copy_in == CopyIn::kLearned ? "learned" : copy_in == CopyIn::kCached ? "cached" : "streaming";
   const char* single = single_copy == SingleCopy::kAuto ? "auto" : single_copy == SingleCopy::kOff ? "off" : "always";
+  const char* gemm = fused_gemm == FusedGemm::kAuto ? "auto" : fused_gemm == FusedGemm::kOpenBlas ? "openblas" : "avx2";
   return fmt::format(
       "FG_RING_BYTES={} FG_PIPELINE_BYTES={} FG_SYMMETRIC_BYTES={} FG_STREAM_OUT_BYTES={} FG_COPY_IN={} "
       "FG_SINGLE_COPY={} FG_SINGLE_COPY_MIN_BYTES={} FG_FUSED_GEMM={} FG_SPIN_US={} FG_YIELD_US={} "
       "FG_HIER_MIN_BYTES={} FG_NET_PIECE_BYTES={} FG_REPORT_MS={}",
       ring_bytes, effective_pipeline_bytes(), symmetric_bytes, effective_stream_out_bytes(), copy, single,
-      single_copy_min_bytes, fused_gemm == FusedGemm::kAuto ? "auto" : "openblas", us(spin), us(yield), hier_min_bytes,
+      single_copy_min_bytes, gemm, us(spin), us(yield), hier_min_bytes,
       net_piece_bytes, report_after.count());
 }
 

@@ -72,11 +72,19 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
                      fmt::format("{} on {}: a row of x1 ({} bytes) exceeds the {}-byte step; raise FG_RING_BYTES", kOp,
                                  group.describe(), row_bytes, ch.max_step_bytes())};
   }
-  const bool packed = ops::use_packed_gemm(options.gemm_threads, impl_of(group)->settings);
+  // Where pieces lose to one GEMM call (ops::multiply_whole: x2 beyond half
+  // of L2, or few fp32 rows), the rows are gathered first and multiplied in
+  // one call of OpenBLAS's sgemm, as the unfused op does: there the packed
+  // kernel streams x2 past every few rows, or packs it for few.
+  const size_t rows_all = m * static_cast<size_t>(group.size());
+  const bool whole = ops::multiply_whole(dt, rows_all, k, n);
+  const ops::GemmKernel kernel = ops::gemm_kernel(options.gemm_threads, impl_of(group)->settings);
+  const bool packed = !whole && kernel != ops::GemmKernel::kOpenBlas;
   if (!packed) ops::set_blas_threads(options.gemm_threads);
 
-  // Rows multiplied at once: a step's worth (k = 0 moves nothing; any block size serves).
-  const size_t block_rows = max_rows != 0 ? max_rows : std::max<size_t>(m, 1);
+  // Rows multiplied at once: a step's worth, or all of them (k = 0 moves
+  // nothing; any block size serves).
+  const size_t block_rows = whole ? std::max<size_t>(rows_all, 1) : max_rows != 0 ? max_rows : std::max<size_t>(m, 1);
   auto& scratch = impl_of(group)->scratch;
   std::optional<ops::PackedGemm> gemm;
   // OpenBLAS path: fp32 views of B and scratch for A rows and C rows when the dtype is half.
@@ -88,7 +96,7 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
   if (packed) {
     const size_t need = ops::PackedGemm::scratch_floats(k, n);
     if (scratch.size() < need) scratch.resize(need);
-    gemm.emplace(dt, x2.data, k, n, bias ? bias->data : nullptr, scratch.data());
+    gemm.emplace(kernel, dt, x2.data, k, n, bias ? bias->data : nullptr, scratch.data());
   } else {
     const size_t need = is_f32 ? 0 : k * n + block_rows * k + block_rows * n + n;
     if (scratch.size() < need) scratch.resize(need);
@@ -131,7 +139,8 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
   // before they are multiplied: gather_out when asked for, else a buffer
   // the group keeps. So are blocks the plan reads by single copy.
   const algo::CallPlan plan = ops::plan_for(group, call);
-  const bool keep = options.gather_output || spans_servers(group) || plan.protocol == algo::Protocol::kSingleCopy;
+  const bool keep =
+      whole || options.gather_output || spans_servers(group) || plan.protocol == algo::Protocol::kSingleCopy;
   if (!options.gather_output && keep) {
     auto& landed = impl_of(group)->landed;
     if (landed.size() < call.bytes * static_cast<size_t>(group.size())) landed.resize(call.bytes * group.size());
@@ -162,7 +171,9 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
     if (!is_f32) ops::from_float(dt, c_buf, out_bytes + row0 * n * elt, rows * n);
   };
 
-  // The engine's sink for each piece that arrives: keep it, multiply it.
+  // The engine's sink for each piece that arrives: keep it, multiply it
+  // (whole: once every piece is kept).
+  size_t gemm_calls = 0;
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     const size_t first_row = static_cast<size_t>(member) * m + off / row_bytes;
     if (keep) {
@@ -170,19 +181,24 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
       if (dst != src) std::memcpy(dst, src, len);
       src = dst;  // now hot in this core's cache
     }
+    if (whole) return;
     // This rank's own rows come as one piece; bound the fp32 scratch by slicing.
     const size_t rows = len / row_bytes;
     for (size_t r = 0; r < rows; r += block_rows) {
+      ++gemm_calls;
       multiply(first_row + r, std::min(block_rows, rows - r), src + r * row_bytes);
     }
   };
   Status st = co_await ops::run_gather(group, call, plan, sink, options.stats);
-  if (st.ok() && k == 0) {
-    // No bytes moved, but the output is still bias (or zero) broadcast over m*size rows.
-    for (size_t r = 0; r < m * static_cast<size_t>(group.size()); r += block_rows) {
-      multiply(r, std::min(block_rows, m * group.size() - r), nullptr);
+  if (st.ok() && (whole || k == 0)) {
+    // Every row now kept (or, k = 0, no bytes moved: the output is still
+    // bias, or zero, broadcast over m*size rows).
+    for (size_t r = 0; r < rows_all; r += block_rows) {
+      ++gemm_calls;
+      multiply(r, std::min(block_rows, rows_all - r), k == 0 ? nullptr : kept + r * row_bytes);
     }
   }
+  if (options.stats != nullptr) options.stats->gemm_calls = gemm_calls;
   co_return st;
 }
 

@@ -19,15 +19,20 @@ namespace {
 constexpr size_t kRows = 6;     // rows of the register kernel
 constexpr size_t kCols = 16;    // columns of a panel: two 8-float registers
 constexpr size_t kKc = 256;     // values of k per pass: a panel slice of 16 KB
-constexpr size_t kAccFloats = 16384;  // the accumulators of a chunk of rows: 64 KB
+constexpr size_t kMostTiles = 16;     // tiles of kRows rows in a chunk of rows, at most
 
 size_t panels_of(size_t n) { return (n + kCols - 1) / kCols; }
 
-// Rows per chunk: a multiple of kRows whose accumulators fit kAccFloats
-// (at least one tile, whatever n is).
+// Rows per chunk: a multiple of kRows whose accumulators fill at most a
+// quarter of this core's L2 (at least one tile, whatever n is). Every chunk
+// streams all of x2's panels past its rows once: where x2 outgrows L2 they
+// come from memory, so the more rows they meet the better, as long as the
+// accumulators stay in L2 beside the panels' slices (docs/benchmarks.md,
+// "The fused ops' GEMM with AVX-512").
 size_t chunk_rows(size_t n) {
   const size_t width = std::max<size_t>(panels_of(n) * kCols, kCols);
-  return std::clamp<size_t>(kAccFloats / width / kRows, 1, 8) * kRows;
+  const size_t acc_floats = base::l2_bytes() / 4 / sizeof(float);
+  return std::clamp<size_t>(acc_floats / width / kRows, 1, kMostTiles) * kRows;
 }
 
 #if defined(__x86_64__)
@@ -67,6 +72,55 @@ __attribute__((target("avx2,fma"))) void kernel(const float* __restrict a, size_
 #undef FG_ROWS
 }
 
+// Two panels at once with AVX-512 (b0: panel p, b1: panel p + 1; c holds
+// both, panel p + 1 from c + 16): 12 accumulators of 16 floats, two loads of
+// b for twelve FMAs. Twice the AVX2 kernel's floats per instruction, which
+// is what OpenBLAS's sgemm has on such a CPU (docs/benchmarks.md).
+#define FG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+template <int R>
+__attribute__((target("avx512f"))) void kernel2(const float* __restrict a, size_t lda, const float* __restrict b0,
+                                                const float* __restrict b1, size_t kc, float* __restrict c, size_t ldc) {
+#define FG_LOAD(r)                                                 \
+  __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps(); \
+  if constexpr (R > r) {                                           \
+    c##r##0 = _mm512_loadu_ps(c + r * ldc);                        \
+    c##r##1 = _mm512_loadu_ps(c + r * ldc + 16);                   \
+  }
+  FG_ROWS(FG_LOAD)
+  for (size_t kk = 0; kk < kc; ++kk) {
+    const __m512 p0 = _mm512_loadu_ps(b0 + kk * kCols), p1 = _mm512_loadu_ps(b1 + kk * kCols);
+#define FG_FMA(r)                                           \
+  if constexpr (R > r) {                                    \
+    const __m512 av = _mm512_set1_ps(a[r * lda + kk]);      \
+    c##r##0 = _mm512_fmadd_ps(av, p0, c##r##0);             \
+    c##r##1 = _mm512_fmadd_ps(av, p1, c##r##1);             \
+  }
+    FG_ROWS(FG_FMA)
+  }
+#define FG_STORE(r)                               \
+  if constexpr (R > r) {                          \
+    _mm512_storeu_ps(c + r * ldc, c##r##0);       \
+    _mm512_storeu_ps(c + r * ldc + 16, c##r##1);  \
+  }
+  FG_ROWS(FG_STORE)
+#undef FG_LOAD
+#undef FG_FMA
+#undef FG_STORE
+#undef FG_ROWS
+}
+
+void kernel2_rows(size_t rows, const float* a, size_t lda, const float* b0, const float* b1, size_t kc, float* c,
+                  size_t ldc) {
+  switch (rows) {
+    case 6: return kernel2<6>(a, lda, b0, b1, kc, c, ldc);
+    case 5: return kernel2<5>(a, lda, b0, b1, kc, c, ldc);
+    case 4: return kernel2<4>(a, lda, b0, b1, kc, c, ldc);
+    case 3: return kernel2<3>(a, lda, b0, b1, kc, c, ldc);
+    case 2: return kernel2<2>(a, lda, b0, b1, kc, c, ldc);
+    default: return kernel2<1>(a, lda, b0, b1, kc, c, ldc);
+  }
+}
+
 void kernel_rows(size_t rows, const float* a, size_t lda, const float* b, size_t kc, float* c, size_t ldc) {
   switch (rows) {
     case 6: return kernel<6>(a, lda, b, kc, c, ldc);
@@ -79,7 +133,17 @@ void kernel_rows(size_t rows, const float* a, size_t lda, const float* b, size_t
 }
 #else
 void kernel_rows(size_t, const float*, size_t, const float*, size_t, float*, size_t) {}
+void kernel2_rows(size_t, const float*, size_t, const float*, const float*, size_t, float*, size_t) {}
 #endif
+
+bool avx512_supported() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+#else
+  return false;
+#endif
+}
 
 }  // namespace
 
@@ -104,8 +168,9 @@ size_t PackedGemm::scratch_floats(size_t k, size_t n) {
   return kLineFloats + width * k + width + kRows * kKc + chunk_rows(n) * width;
 }
 
-PackedGemm::PackedGemm(DType dtype, const void* b, size_t k, size_t n, const void* bias, float* scratch)
-    : dtype_(dtype), k_(k), n_(n), panels_(panels_of(n)) {
+PackedGemm::PackedGemm(GemmKernel kernel, DType dtype, const void* b, size_t k, size_t n, const void* bias,
+                       float* scratch)
+    : kernel_(kernel), dtype_(dtype), k_(k), n_(n), panels_(panels_of(n)) {
   const size_t width = panels_ * kCols;
   const auto at = reinterpret_cast<uintptr_t>(scratch);
   b_ = reinterpret_cast<float*>((at + 63) & ~uintptr_t{63});  // scratch holds kLineFloats floats of room for this
@@ -143,6 +208,7 @@ void PackedGemm::multiply(const void* a, size_t rows, void* c, DType c_dtype) {
   const auto* a_bytes = static_cast<const std::byte*>(a);
   auto* c_bytes = static_cast<std::byte*>(c);
   const bool f32 = dtype_ == DType::kF32;
+  const bool wide = kernel_ == GemmKernel::kAvx512;
   for (size_t r0 = 0; r0 < rows; r0 += chunk) {
     const size_t rs = std::min(chunk, rows - r0);
     for (size_t r = 0; r < rs; ++r) std::memcpy(acc_ + r * width, bias_, width * sizeof(float));
@@ -158,7 +224,14 @@ void PackedGemm::multiply(const void* a, size_t rows, void* c, DType c_dtype) {
           tile = tile_;
           lda = kKc;
         }
-        for (size_t p = 0; p < panels_; ++p) {
+        size_t p = 0;
+        if (wide) {
+          for (; p + 1 < panels_; p += 2) {
+            const float* b0 = b_ + (p * k_ + k0) * kCols;
+            kernel2_rows(tr, tile, lda, b0, b0 + k_ * kCols, kc, acc_ + t0 * width + p * kCols, width);
+          }
+        }
+        for (; p < panels_; ++p) {
           kernel_rows(tr, tile, lda, b_ + (p * k_ + k0) * kCols, kc, acc_ + t0 * width + p * kCols, width);
         }
       }
@@ -171,11 +244,16 @@ void PackedGemm::multiply(const void* a, size_t rows, void* c, DType c_dtype) {
 bool multiply_whole(DType dtype, size_t m, size_t k, size_t n) {
   const size_t l2 = base::l2_bytes();
   const size_t x2 = k * n * sizeof(float);
-  return dtype == DType::kF32 && (x2 > l2 / 2 || m < kWholeBelowRows) && m * n * sizeof(float) <= kWholeMaxBytes;
+  if (m * n * sizeof(float) > kWholeMaxBytes) return false;
+  return x2 > l2 / 2 || (dtype == DType::kF32 && m < kWholeBelowRows);
 }
 
-bool use_packed_gemm(int gemm_threads, const Settings& settings) {
-  return settings.fused_gemm != Settings::FusedGemm::kOpenBlas && gemm_threads <= 1 && packed_gemm_supported();
+GemmKernel gemm_kernel(int gemm_threads, const Settings& settings) {
+  if (settings.fused_gemm == Settings::FusedGemm::kOpenBlas || gemm_threads > 1 || !packed_gemm_supported()) {
+    return GemmKernel::kOpenBlas;
+  }
+  return settings.fused_gemm != Settings::FusedGemm::kAvx2 && avx512_supported() ? GemmKernel::kAvx512
+                                                                                  : GemmKernel::kAvx2;
 }
 
 void set_blas_threads(int threads) {

@@ -85,10 +85,11 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
 
   const size_t chunk_rows = m / w;
   const size_t sum_rows = std::max<size_t>(piece_rows, 1);  // rows one sum is given at most
-  const bool whole = ops::multiply_whole(dt, m, k, n);  // in one call of OpenBLAS, fp32
+  const bool whole = ops::multiply_whole(dt, m, k, n);  // in one call of OpenBLAS, in fp32
   const size_t gemm_rows = whole ? m : sum_rows;  // rows one call of the GEMM makes
   // The GEMM: the packed kernel (x2 packed once per call), or OpenBLAS on fp32 copies.
-  const bool packed = !whole && ops::use_packed_gemm(options.gemm_threads, impl_of(group)->settings);
+  const ops::GemmKernel kernel = ops::gemm_kernel(options.gemm_threads, impl_of(group)->settings);
+  const bool packed = !whole && kernel != ops::GemmKernel::kOpenBlas;
   if (!packed) ops::set_blas_threads(options.gemm_threads);
   auto& scratch = impl_of(group)->scratch;
   const size_t gemm_floats = packed ? ops::PackedGemm::scratch_floats(k, n) : (dt == DType::kF32 ? 0 : k * n + gemm_rows * k);
@@ -104,7 +105,7 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
   const float* b_f32 = static_cast<const float*>(x2.data);
   float* a_f32 = nullptr;
   if (packed) {
-    gemm.emplace(dt, x2.data, k, n, nullptr, scratch.data());
+    gemm.emplace(kernel, dt, x2.data, k, n, nullptr, scratch.data());
   } else if (dt != DType::kF32) {
     ops::to_float(dt, x2.data, scratch.data(), k * n);
     b_f32 = scratch.data();
