@@ -21,6 +21,7 @@
 #include "base/caches.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
+#include "ops/gemm.hpp"
 
 using namespace fastgather;
 using namespace std::chrono_literals;
@@ -612,6 +613,24 @@ TEST(MatmulReduceScatter, AcrossServersMatchesTheReferenceBitForBit) {
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) { return matmul_reduce_scatter_cases(c, 2); }, opt));
   opt.servers = 3;
   fgtest::expect_all_ok(fgtest::run_job(6, [](const Config& c) { return matmul_reduce_scatter_cases(c, 1); }, opt));
+}
+
+// One GEMM call holds the product, and for bf16/fp16 x1's fp32 copy, whole:
+// not past 64 MiB of either, whatever x2's size asks for.
+TEST(MatmulReduceScatter, OneCallHoldsAtMost64MiBWhole) {
+  const size_t l2 = fastgather::base::l2_bytes();
+  // x2 (k = 8192) as large as L2: over half of it, so one call if it may.
+  const size_t k = 8192, n = std::max<size_t>(l2 / (k * sizeof(float)), 1);
+  // x1 in fp32: `rows` x k floats = 64 MiB (held), one more row is not.
+  const size_t rows = ops::kWholeMaxBytes / (k * sizeof(float));
+  EXPECT_TRUE(ops::multiply_whole(DType::kBF16, rows, k, n));
+  EXPECT_FALSE(ops::multiply_whole(DType::kBF16, rows + 1, k, n));
+  EXPECT_FALSE(ops::multiply_whole(DType::kF16, rows + 1, k, n));
+  EXPECT_TRUE(ops::multiply_whole(DType::kF32, rows + 1, k, n));  // fp32 x1 is used where it lies
+  // The product: m x n floats past 64 MiB is never made whole.
+  const size_t most_rows = ops::kWholeMaxBytes / (n * sizeof(float));
+  EXPECT_TRUE(ops::multiply_whole(DType::kF32, most_rows, k, n));
+  EXPECT_FALSE(ops::multiply_whole(DType::kF32, most_rows + 1, k, n));
 }
 
 TEST(MatmulReduceScatter, AnotherKIsAMismatchAndBadShapesAreRefused) {

@@ -75,9 +75,11 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
   // Where pieces lose to one GEMM call (ops::multiply_whole: x2 beyond half
   // of L2, or few fp32 rows), the rows are gathered first and multiplied in
   // one call of OpenBLAS's sgemm, as the unfused op does: there the packed
-  // kernel streams x2 past every few rows, or packs it for few.
+  // kernel streams x2 past every few rows, or packs it for few. Not where
+  // the gathered rows, which the group then keeps for the next call, would
+  // pass the bound the product has.
   const size_t rows_all = m * static_cast<size_t>(group.size());
-  const bool whole = ops::multiply_whole(dt, rows_all, k, n);
+  const bool whole = ops::multiply_whole(dt, rows_all, k, n) && rows_all * row_bytes <= ops::kWholeMaxBytes;
   const ops::GemmKernel kernel = ops::gemm_kernel(options.gemm_threads, impl_of(group)->settings);
   const bool packed = !whole && kernel != ops::GemmKernel::kOpenBlas;
   if (!packed) ops::set_blas_threads(options.gemm_threads);

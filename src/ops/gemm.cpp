@@ -244,7 +244,9 @@ void PackedGemm::multiply(const void* a, size_t rows, void* c, DType c_dtype) {
 bool multiply_whole(DType dtype, size_t m, size_t k, size_t n) {
   const size_t l2 = base::l2_bytes();
   const size_t x2 = k * n * sizeof(float);
+  // The product, and for other dtypes x1's fp32 copy, are held whole.
   if (m * n * sizeof(float) > kWholeMaxBytes) return false;
+  if (dtype != DType::kF32 && m * k * sizeof(float) > kWholeMaxBytes) return false;
   return x2 > l2 / 2 || (dtype == DType::kF32 && m < kWholeBelowRows);
 }
 

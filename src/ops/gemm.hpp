@@ -42,8 +42,9 @@ void set_blas_threads(int threads);
 // dtypes are converted to fp32 for it, x2 and x1 whole, as the unfused op
 // does; where x2 stays in L2 pieces of the packed kernel, which converts x1
 // in tiles, are as fast or faster (docs/benchmarks.md, "matmul_reduce_scatter"
-// and "The fused ops' GEMM with AVX-512"). Not where the product would pass
-// kWholeMaxBytes: the op keeps it in the group's scratch for the next call.
+// and "The fused ops' GEMM with AVX-512"). Not where the product, or x1's
+// fp32 copy, would pass kWholeMaxBytes: the op keeps them in the group's
+// scratch for the next call.
 inline constexpr size_t kWholeBelowRows = 64;
 inline constexpr size_t kWholeMaxBytes = size_t{64} << 20;
 bool multiply_whole(DType dtype, size_t m, size_t k, size_t n);
