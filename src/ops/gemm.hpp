@@ -31,11 +31,12 @@ GemmKernel gemm_kernel(int gemm_threads, const Settings& settings);
 // threads asking for different counts would get out of step).
 void set_blas_threads(int threads);
 
-// Whether the fused matmul + reduce-scatter multiplies all m rows of x1
-// (m x k) @ x2 (k x n) in one call of OpenBLAS's sgemm on the operands as
-// they lie, before any row is sent, rather than a piece at a time with the
-// packed kernel straight into the ring. A piece at a time saves the
-// product's trip through memory and its copy into the ring, but x2 must be
+// Whether a fused op multiplies all m rows of x1 (m x k) @ x2 (k x n) in
+// one call of OpenBLAS's sgemm - the matmul + reduce-scatter before any row
+// is sent, the all-gather + matmul once every row is gathered - rather than
+// a piece at a time with the packed kernel, straight into the ring or from
+// it. A piece at a time saves the product's (or the rows') trip through
+// memory and overlaps the GEMM with the transfer, but x2 must be
 // packed for the pieces and streamed past every piece's few rows: where x2
 // does not stay in L2 (over half of it), or there are too few rows to pay
 // for packing it (kWholeBelowRows, fp32 only), the one call is faster. Other
