@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include <fmt/format.h>
@@ -67,13 +69,15 @@ struct InFlight {
     return f;
   }
 
-  std::string check(const Group& g) const {
+  std::string check(const Group& g) const { return check(g.ranks()); }
+  // The group's ranks, for a check after the group is gone.
+  std::string check(const std::vector<int>& ranks) const {
     const size_t bytes = in.nbytes();
-    for (int i = 0; i < g.size(); ++i) {
-      const char* block = list ? outs[i].data_as<char>() : out.data_as<char>() + static_cast<size_t>(i) * bytes;
-      const long long bad = check_pattern(block, bytes, g.ranks()[i], tag);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const char* block = list ? outs[i].data_as<char>() : out.data_as<char>() + i * bytes;
+      const long long bad = check_pattern(block, bytes, ranks[i], tag);
       RANK_CHECK(bad < 0, "request {} ({} bytes, {}): block of rank {} wrong at byte {}", tag, bytes,
-                 list ? "list" : "contiguous", g.ranks()[i], bad);
+                 list ? "list" : "contiguous", ranks[i], bad);
     }
     return "";
   }
@@ -427,4 +431,90 @@ TEST(Requests, WaitForGivesUpWithoutAnErrorAndTheRequestCompletesLater) {
     RANK_OK(f.req.wait());
     return f.check(g);
   }));
+}
+
+// ------------------------------------------------ progress owned by the library
+
+// Nobody on rank 0 drives its request: it hands it over and sleeps. Rank 1
+// starts 20 ms later and blocks; 1 MiB through 16 KiB ring steps is 64 steps,
+// each needing rank 0's side, so rank 1 returns during rank 0's sleep only if
+// the library's progress thread drives rank 0's request.
+TEST(Progress, DrivesARequestItsOwnerLeft) {
+  fgtest::ScopedEnv env({{"FG_RING_BYTES", "65536"}, {"FG_SINGLE_COPY", "off"}});
+  fgtest::JobOptions o;
+  o.timeout = 20000ms;
+  fgtest::expect_all_ok(on_world(2, [](const Config&, Communicator&, Group& g) -> std::string {
+    constexpr size_t kBytes = (1 << 20) + 3;
+    if (g.rank() == 0) {
+      InFlight f = InFlight::start(g, kBytes, 11, false);
+      f.req.drive_in_background();
+      std::this_thread::sleep_for(1500ms);
+      RANK_CHECK(f.req.test(), "the request was not complete after 1.5 s in the progress thread's hands");
+      return f.check(g);
+    }
+    std::this_thread::sleep_for(20ms);
+    const auto t0 = Clock::now();
+    InFlight f = InFlight::start(g, kBytes, 11, false);
+    RANK_OK(f.req.wait());
+    const double took = ms_since(t0);
+    RANK_CHECK(took < 1000, "the blocking side took {:.0f} ms: rank 0's request was not driven while it slept", took);
+    return f.check(g);
+  }, o));
+}
+
+// torch's PowerSGD hook: a callback that starts a collective and waits for
+// its completion (here: its own callback). Neither rank's thread ever drives:
+// A is handed over with a callback that starts B and waits up to 10 s for
+// B's callback. B is driven by the progress thread, and B's callback runs on
+// another completion thread while A's still waits. Were the callbacks run on
+// the progress thread, nobody would drive B.
+TEST(Progress, ACallbackStartsARequestAndWaitsForItsCompletion) {
+  fgtest::ScopedEnv env({{"FG_RING_BYTES", "65536"}, {"FG_SINGLE_COPY", "off"}});
+  fgtest::JobOptions o;
+  o.timeout = 20000ms;
+  fgtest::expect_all_ok(on_world(3, [](const Config&, Communicator& comm, Group& g) -> std::string {
+    struct Shared {
+      InFlight a, b;
+      std::promise<Status> b_done;
+      std::promise<std::string> a_outcome;
+      std::thread::id main = std::this_thread::get_id();
+    };
+    auto sh = std::make_shared<Shared>();
+    sh->a = InFlight::start(g, (1 << 20) + 1, 21, false);
+    sh->a.req.on_complete([sh, &g](const Status& sa) {
+      std::string why;
+      if (!sa.ok()) why = "A failed: " + sa.to_string();
+      if (why.empty() && std::this_thread::get_id() == sh->main) why = "A's callback ran on the thread that started it";
+      if (why.empty()) {
+        sh->b = InFlight::start(g, (512 << 10) + 5, 22, true);
+        sh->b.req.on_complete([sh](const Status& sb) { sh->b_done.set_value(sb); });
+        auto fut = sh->b_done.get_future();
+        if (fut.wait_for(10s) != std::future_status::ready) {
+          why = "B's completion never came while A's callback waited for it";
+        } else if (Status sb = fut.get(); !sb.ok()) {
+          why = "B failed: " + sb.to_string();
+        }
+      }
+      sh->a_outcome.set_value(why);
+    });
+    auto outcome = sh->a_outcome.get_future();
+    RANK_CHECK(outcome.wait_for(30s) == std::future_status::ready, "A's callback did not finish within 30 s");
+    const std::string why = outcome.get();
+    RANK_CHECK(why.empty(), "{}", why);
+    if (auto e = sh->a.check(g); !e.empty()) return e;
+    if (auto e = sh->b.check(g); !e.empty()) return e;
+    // A callback asked for after completion runs too, and finalize() runs
+    // whatever is still to run before it returns.
+    std::atomic<int> late{0};
+    sh->a.req.on_complete([&late](const Status& s) { late = s.ok() ? 1 : 2; });
+    InFlight c = InFlight::start(g, 4097, 23, false);
+    c.req.on_complete([&late](const Status& s) {
+      std::this_thread::sleep_for(50ms);
+      late += s.ok() ? 10 : 20;
+    });
+    const std::vector<int> ranks = g.ranks();  // g is gone with finalize()
+    RANK_OK(comm.finalize());
+    RANK_CHECK(late.load() == 11, "after finalize(): callbacks ran as {} (11: both, with Ok)", late.load());
+    return c.check(ranks);
+  }, o));
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -75,6 +76,22 @@ class Request {
   // the request stays in flight (its own deadline, Config::timeout, still
   // ends it with one).
   bool wait_for(std::chrono::microseconds timeout);
+
+  // Progress owned by the library. From now on the communicator's progress
+  // thread drives this request (and those started before it on its group)
+  // whenever nobody else does, once it has been handed over for half a
+  // millisecond: it completes while this thread computes, and a thread that
+  // waits for it meanwhile takes over at once. test()/wait() stay as they are.
+  void drive_in_background();
+  // drive_in_background(), and once the request has completed, done(its
+  // status) runs on one of the communicator's completion threads: never on
+  // a thread that drives requests, so `done` may start requests and wait for
+  // them (on their futures, say), and one `done` that blocks holds up no
+  // other. Called again, it adds another. finalize() (or destroy_group, for
+  // the request's group) runs what is still to run before it returns.
+  // A Request that is no collective's (default-constructed): at once, here.
+  // Like test()/wait(), called by one thread at a time.
+  void on_complete(std::function<void(const Status&)> done);
 
   struct State;  // internal
 

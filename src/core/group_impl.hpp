@@ -13,6 +13,7 @@
 #include "algo/plan.hpp"
 #include "algo/copy_in.hpp"
 #include "engine/driver.hpp"
+#include "engine/progress.hpp"
 #include "fastgather/communicator.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
@@ -54,6 +55,8 @@ struct Group::Impl {
   const std::atomic<int>* aborted = nullptr;  // the communicator's flag
   // Started operations, oldest first (engine/driver.hpp).
   engine::Queue queue;
+  // The communicator's progress thread and completion threads (engine/progress.hpp).
+  engine::Progress* progress = nullptr;
   // A hand for the communicator's other groups while this one waits.
   std::function<bool()> others;
 

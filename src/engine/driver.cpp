@@ -1,5 +1,7 @@
 #include "engine/driver.hpp"
 
+#include "engine/progress.hpp"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -111,10 +113,23 @@ void Driver::report(Clock::duration waited) {
   next_report_ = std::min<Clock::duration>(2 * next_report_, next_report_ + std::chrono::minutes(1));
 }
 
+// The result first, then done(): another thread that sees done() reads it.
 void Driver::finish() {
-  done_ = true;
   result_ = {ErrorKind::kSystem, "the operation ended with an exception"};
-  result_ = op_.take();  // rethrows what the operation threw
+  try {
+    result_ = op_.take();  // rethrows what the operation threw
+  } catch (...) {
+    mark_done();
+    throw;
+  }
+  mark_done();
+}
+
+// Sequentially consistent with watched_by() and Progress::watch's look at
+// done(): either the watcher sees it done, or this sees the watcher.
+void Driver::mark_done() {
+  done_.store(true, std::memory_order_seq_cst);
+  if (Progress* p = watcher_.load(std::memory_order_seq_cst)) p->completed();
 }
 
 void Driver::start() {
@@ -170,7 +185,7 @@ bool Driver::round(Clock::duration waited) {
 
 bool Driver::test() {
   if (!started_) start();
-  while (!done_) {
+  while (!done()) {
     if (opt_.net != nullptr && opt_.net->busy()) opt_.net->progress();
     if (!round(Clock::now() - wait_began_)) return false;
     resume();
@@ -178,10 +193,10 @@ bool Driver::test() {
   return true;
 }
 
-bool Driver::wait_until(Clock::time_point until) {
+bool Driver::wait_until(Clock::time_point until, const std::atomic<int>* yield) {
   if (!started_) start();
   const bool bounded = until != Clock::time_point::max();
-  while (!done_) {
+  while (!done()) {
     // The one wait loop: whatever is awaited, the network keeps moving.
     for (;;) {
       const bool net_busy = opt_.net != nullptr && opt_.net->busy();
@@ -190,6 +205,7 @@ bool Driver::wait_until(Clock::time_point until) {
       const auto waited = now - wait_began_;
       if (round(waited)) break;
       if (bounded && now >= until) return false;
+      if (yield != nullptr && yield->load(std::memory_order_relaxed) != 0) return false;
       if (waited < spin_) {
         for (int i = 0; i < 64 && !current_->ready(); ++i) FG_PAUSE();
       } else if (waited < spin_yield_) {
@@ -219,9 +235,13 @@ Status Driver::run(Task<Status> op, const DriveOptions& options) {
 // ------------------------------------------------------------------ Queue
 
 Queue::Hold::Hold(Queue& q) : q_(q) {
-  // Held by another thread for one round of try_progress; this thread
+  // Held by another thread for one round of try_progress, or by the
+  // progress thread (which lets go when it sees wanted_); this thread
   // sleeps on the flag meanwhile (a futex), and is woken when it is let go.
+  if (!q_.held_.test_and_set(std::memory_order_acquire)) return;
+  q_.wanted_.fetch_add(1, std::memory_order_relaxed);
   while (q_.held_.test_and_set(std::memory_order_acquire)) q_.held_.wait(true, std::memory_order_relaxed);
+  q_.wanted_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 Queue::Hold::~Hold() { q_.release(); }
@@ -270,12 +290,24 @@ bool Queue::test(Driver& op) {
   return op.done();
 }
 
-bool Queue::wait_until(Driver& op, Clock::time_point until) {
+bool Queue::wait_until(Driver& op, Clock::time_point until, const std::atomic<int>* yield) {
   while (!op.done() && !ops_.empty()) {
-    if (!ops_.front()->wait_until(until)) return false;
+    if (!ops_.front()->wait_until(until, yield)) return false;
     pop_done();
   }
   return op.done();
+}
+
+bool Queue::lend_a_hand(Driver& op, Clock::time_point until) {
+  if (wanted_.load(std::memory_order_relaxed) != 0 || held_.test_and_set(std::memory_order_acquire)) return false;
+  try {
+    (void)wait_until(op, until, &wanted_);
+  } catch (...) {
+    // As in try_progress: the operation is done, its status saying so.
+    pop_done();
+  }
+  release();
+  return true;
 }
 
 void Queue::drain() {

@@ -75,6 +75,8 @@ struct DriveOptions {
   std::function<bool()> others;
 };
 
+class Progress;  // progress.hpp
+
 class Driver {
  public:
   Driver(Task<Status> op, DriveOptions options);
@@ -84,7 +86,9 @@ class Driver {
   // Runs the operation until its first wait (or to its end).
   void start();
   bool started() const { return started_; }
-  bool done() const { return done_; }
+  // Any thread may ask (the progress thread, a completion callback); the
+  // result is written before done() says true.
+  bool done() const { return done_.load(std::memory_order_acquire); }
   // Progresses without blocking; true once done. Health and the deadline are
   // checked here too, so a caller that only ever tests still learns of a
   // lost peer or a timeout.
@@ -92,12 +96,15 @@ class Driver {
   // Blocks until done.
   void wait() { wait_until(Clock::time_point::max()); }
   // Blocks until done or `until` (the operation's own deadline still ends
-  // it with an error); true once done.
-  bool wait_until(Clock::time_point until);
+  // it with an error), or until `yield` (when set) is non-zero: another
+  // thread asks for the queue. True once done.
+  bool wait_until(Clock::time_point until, const std::atomic<int>* yield = nullptr);
   const Status& result() const { return result_; }
 
   // For waiters (Waiter::await_suspend).
   void suspended(Waiter* w);
+  // Told when this operation completes (null: nobody), from the thread that completes it.
+  void watched_by(Progress* p) { watcher_.store(p, std::memory_order_seq_cst); }
 
   // Runs a whole operation on this thread (the blocking calls).
   static Status run(Task<Status> op, const DriveOptions& options);
@@ -110,6 +117,7 @@ class Driver {
   bool round(Clock::duration waited);
   void report(Clock::duration waited);
   void finish();
+  void mark_done();
 
   Task<Status> op_;
   DriveOptions opt_;
@@ -123,7 +131,8 @@ class Driver {
   void ask_about_the_crowd(Clock::duration waited);
   bool deadline_set_ = false;
   bool started_ = false;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
+  std::atomic<Progress*> watcher_{nullptr};
   Status result_;
 };
 
@@ -138,6 +147,8 @@ void Waiter::await_suspend(std::coroutine_handle<P> h) {
 // another group's wait loop lending a hand (try_progress), one at a time.
 class Queue {
  public:
+  // Whoever holds the queue drives it; a Hold waits for it. While a thread
+  // waits here, a holder lending a hand (lend_a_hand) lets go.
   class Hold {
    public:
     explicit Hold(Queue& q);
@@ -159,8 +170,13 @@ class Queue {
   bool test(Driver& op);
   // Completes everything up to and including `op`.
   void wait(Driver& op) { wait_until(op, Clock::time_point::max()); }
-  // The same, giving up (without an error) at `until`; true once `op` is done.
-  bool wait_until(Driver& op, Clock::time_point until);
+  // The same, giving up (without an error) at `until`, or when `yield` (when
+  // set) is non-zero; true once `op` is done.
+  bool wait_until(Driver& op, Clock::time_point until, const std::atomic<int>* yield = nullptr);
+  // The progress thread's turn (progress.hpp), unless someone holds the
+  // queue or asks for it: drives up to `op` until `until`, letting go as soon
+  // as another thread asks for the queue. False when it did not get the queue.
+  bool lend_a_hand(Driver& op, Clock::time_point until);
   // Completes everything started.
   void drain();
 
@@ -169,6 +185,7 @@ class Queue {
   void release();  // lets go of held_, waking a Hold that waits for it
   std::deque<std::shared_ptr<Driver>> ops_;
   std::atomic_flag held_ = ATOMIC_FLAG_INIT;
+  std::atomic<int> wanted_{0};  // threads waiting in Hold
 };
 
 }  // namespace fastgather::engine

@@ -36,6 +36,16 @@ bool Request::wait_for(std::chrono::microseconds timeout) {
   return state_->queue->wait_until(*state_->driver, engine::Clock::now() + timeout);
 }
 
+void Request::drive_in_background() { on_complete(nullptr); }
+
+void Request::on_complete(std::function<void(const Status&)> done) {
+  if (!state_ || state_->progress == nullptr) {
+    if (done) done(wait());
+    return;
+  }
+  state_->progress->watch(state_->driver, state_->queue, std::move(done));
+}
+
 Status Request::wait() {
   if (!state_) return Status::Ok();
   if (!state_->driver->done()) {

@@ -9,6 +9,7 @@
 
 #include "core/group_impl.hpp"
 #include "engine/driver.hpp"
+#include "engine/progress.hpp"
 #include "fastgather/ops.hpp"
 
 namespace fastgather {
@@ -16,6 +17,7 @@ namespace fastgather {
 struct Request::State {
   std::shared_ptr<engine::Driver> driver;
   engine::Queue* queue = nullptr;
+  engine::Progress* progress = nullptr;  // the communicator's
 };
 
 inline engine::Task<Status> fail_with(Status s) { co_return s; }
@@ -33,6 +35,7 @@ struct RequestAccess {
     auto state = std::make_shared<Request::State>();
     state->driver = std::make_shared<engine::Driver>(std::move(op), gi.drive_options());
     state->queue = &gi.queue;
+    state->progress = gi.progress;
     engine::Queue::Hold hold(gi.queue);
     gi.queue.push(state->driver);
     return Request(std::move(state));
