@@ -107,6 +107,9 @@ MUTATIONS=(
   "fg-bench counts every iteration evenly placed|tools/fg-bench/host.cpp|s/if \(n > fair\) return false;//|test_bench|Placement.*:FgBench.RanksHeldOnOneCpuAreReportedUnevenlyPlaced"
   "fg-bench never waits for an even placement|tools/fg-bench/runner.cpp|s/const bool more = std::find\(even\.begin\(\), even\.end\(\), false\) != even\.end\(\) && us_since\(t0\) < most_us;/const bool more = false;/|test_bench|FgBench.RanksHeldOnOneCpuAreReportedUnevenlyPlaced"
   "fg-bench's trials start without waiting for an even placement|tools/fg-bench/runner.cpp|s/auto settled = settle\(c, p\.it\);\n  if \(!settled\.ok\(\)\) return settled\.status\(\);\n  p\.settle_us \+= settled\.value\(\);//|test_bench|FgBench.RanksHeldOnOneCpuAreReportedUnevenlyPlaced"
+  "the progress thread runs completion callbacks itself|src/engine/progress.cpp|s/for \(auto& f : ready\) completions\.post\(std::move\(f\)\);/for (auto\& f : ready) f();/|test_engine|Progress.ACallbackStartsARequestAndWaitsForItsCompletion"
+  "one completion thread runs every callback in turn|src/engine/progress.cpp|s/if \(static_cast<int>\(st_->work\.size\(\)\) > st_->idle && st_->threads < kMaxThreads\)/if (st_->threads < 1)/|test_engine|Progress.ACallbackStartsARequestAndWaitsForItsCompletion"
+  "the progress thread never drives a request its owner left|src/engine/progress.hpp|s/static constexpr auto kGrace = std::chrono::microseconds\(500\);/static constexpr auto kGrace = std::chrono::hours(1);/|test_engine|Progress.DrivesARequestItsOwnerLeft"
   "a mismatch names the peers in the order the waits took them|src/algo/allgather.cpp|s/std::sort\(differ\.begin\(\), differ\.end\(\)\);//|test_faults|Mismatch.TheFirstDisagreeingPeerDoesNotDependOnWhereRanksRun"
 )
 
@@ -171,8 +174,10 @@ done
 # rebuilt); skipped with a word where no interpreter imports torch.
 # name | file | perl substitution | pytest node (tests/python/...)
 PY_MUTATIONS=(
-  "the progress thread never drives a work its owner left waiting|python/fastgather_torch.cpp|s/constexpr auto kGrace = std::chrono::microseconds\(500\);/constexpr auto kGrace = std::chrono::hours(1);/|test_torch_backend.py::test_async_work_moves_while_python_computes"
-  "Work.wait(timeout) waits as if it had no timeout|python/fastgather_torch.cpp|s/const bool forever = timeout == kNoTimeout;/const bool forever = true;/|test_torch_backend.py::test_wait_timeout_exception_and_future"
+  "the library's progress thread never drives a work its owner left waiting|src/engine/progress.hpp|s/static constexpr auto kGrace = std::chrono::microseconds\(500\);/static constexpr auto kGrace = std::chrono::hours(1);/|test_torch_backend.py::test_async_work_moves_while_python_computes"
+  "a work is not handed to the library's progress thread|python/csrc/work.cpp|s/flight_->requests\.back\(\)\.drive_in_background\(\);//|test_torch_backend.py::test_async_work_moves_while_python_computes"
+  "Future callbacks run on the library's progress thread|src/engine/progress.cpp|s/for \(auto& f : ready\) completions\.post\(std::move\(f\)\);/for (auto\& f : ready) f();/|test_torch_backend.py::test_future_callbacks_that_run_collectives_finish"
+  "Work.wait(timeout) waits as if it had no timeout|python/csrc/work.cpp|s/const bool forever = timeout == kNoTimeout;/const bool forever = true;/|test_torch_backend.py::test_wait_timeout_exception_and_future"
 )
 PY="$ROOT/.venv/bin/python"
 if [ -n "${PY_MUTATIONS_SKIP:-}" ]; then

@@ -108,6 +108,15 @@ def test_async_work_moves_while_python_computes():
     assert "into rank 0's 50 ms matmul" in outs[0], outs[0]
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_future_callbacks_that_run_collectives_finish(world):
+    run_ranks(world, "future_callbacks", timeout=90)
+
+
+def test_ddp_powersgd_hook_matches_gloo():
+    run_ranks(2, "powersgd", timeout=120)
+
+
 def test_wait_timeout_exception_and_future():
     run_ranks(2, "wait_timeout")
 

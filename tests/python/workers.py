@@ -726,6 +726,62 @@ def bad_objects(rank, world):
     dist.barrier(group=fg)
 
 
+def future_callbacks(rank, world):
+    """A Future callback that starts a collective and waits on its future (PowerSGD's pattern), one
+    that calls a blocking collective, and a chain of .then: each ends with every value right. The
+    callbacks run on the library's completion threads, never on the thread that drives the group,
+    so the collectives started inside them are driven meanwhile. Hung, the test's timeout ends it."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    total = float(sum(range(1, world + 1)))
+    for n in [1000, (1 << 18) + 3]:  # one step, and many through the ring
+        x = torch.full((n,), float(rank + 1))
+
+        def inner(fut):
+            y = fut.value()[0].clone()  # the sum
+            dist.all_reduce(y, group=fg, async_op=True).get_future().wait()  # world * the sum
+            z = y.clone()
+            dist.all_reduce(z, group=fg)  # blocking: world^2 * the sum
+            return [y, z]
+
+        fut = dist.all_reduce(x, group=fg, async_op=True).get_future().then(inner).then(
+            lambda f: [t * 2 for t in f.value()])
+        y2, z2 = fut.wait()
+        check(torch.equal(x, torch.full((n,), total)), f"{n}: the first sum")
+        check(torch.equal(y2, torch.full((n,), 2 * world * total)), f"{n}: the sum waited on inside the callback")
+        check(torch.equal(z2, torch.full((n,), 2 * world * world * total)), f"{n}: the blocking sum in the callback")
+    dist.barrier(group=fg)
+
+
+def powersgd(rank, world):
+    """DDP with torch's PowerSGD hook (its callbacks wait on all-reduces inside Future.then) for 3
+    steps on fastgather and on gloo: the same parameters, bit for bit (a sum of two ranks is the same
+    in any order)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(group):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 8))
+        ddp = DDP(model, process_group=group)
+        state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                       min_compression_rate=0.5, use_error_feedback=True, warm_start=True)
+        ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(3):
+            opt.zero_grad()
+            ddp(torch.randn(16, 64, generator=g)).square().mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    gl = dist.new_group(list(range(world)), backend="gloo")
+    ours, theirs = train(fg), train(gl)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        check(torch.equal(a, b) if world == 2 else torch.allclose(a, b, rtol=1e-5, atol=1e-6),
+              f"parameter {i}: fastgather and gloo differ by {(a - b).abs().max().item()}")
+
+
 def main():
     name, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     args = [int(a) for a in sys.argv[5:]]

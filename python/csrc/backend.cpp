@@ -1,0 +1,363 @@
+#include "backend.hpp"
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <map>
+#include <mutex>
+
+#include "store.hpp"
+
+namespace fastgather_torch {
+namespace {
+
+constexpr const char* kOnlyThese =
+    "fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced, "
+    "all_gather_into_tensor_coalesced, all_reduce, reduce_scatter and reduce_scatter_tensor (sums), "
+    "broadcast and barrier; keep gloo for other ops "
+    "(init_process_group(\"gloo\", ...), or backend=\"cpu:gloo\") and create the groups that gather with "
+    "new_group(ranks, backend=\"fastgather\")";
+
+// hcom names -> groups, for all_gather_base_mm (the role of get_hccl_comm_name).
+// Weak: a name does not keep its group alive. A group leaves the map when its
+// last strong reference goes (release_resources: with a weak reference out,
+// the object itself is freed only when that goes too). Never destroyed, so
+// that a group released during exit still finds it.
+struct Names {
+  std::mutex mu;
+  std::map<std::string, c10::weak_intrusive_ptr<ProcessGroupFastgather>> map;
+  int serial = 0;
+};
+Names& names() {
+  static Names* n = new Names;
+  return *n;
+}
+
+// A tensor a sum may take: on the CPU, a dtype the library sums, SUM.
+void check_sum(const char* op, const at::Tensor& t, const char* what, const c10d::ReduceOp& reduce_op) {
+  check_tensor(t, op, what);
+  TORCH_CHECK_VALUE(reduce_op == c10d::ReduceOp::SUM, "fastgather: ", op, " sums (ReduceOp.SUM); other reductions: ",
+                    kOnlyThese);
+  const auto st = t.scalar_type();
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble || st == at::kInt ||
+                       st == at::kLong || st == at::kComplexFloat || st == at::kComplexDouble,
+                   "fastgather: ", op, ": ", what, " is ", st,
+                   "; sums take float32, float16, bfloat16, float64, int32, int64 and complex");
+}
+
+// Once the requests are done: the user's tensor gets the contiguous buffer's bytes.
+void chain_copy(FastgatherWork& work, at::Tensor user, at::Tensor buf) {
+  auto before = std::move(work.flight().on_success);
+  work.flight().on_success = [before = std::move(before), user, buf]() mutable {
+    if (before) before();
+    user.copy_(buf);
+  };
+}
+
+// Starts one library request of the work (the flight is not shared yet).
+template <class Start>
+void start(FastgatherWork& work, fg::Group& g, Start&& how) {
+  work.flight().requests.push_back(how(g));
+}
+
+}  // namespace
+
+ProcessGroupFastgather::ProcessGroupFastgather(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                               std::chrono::milliseconds timeout, std::optional<fg::Settings> settings)
+    : c10d::Backend(rank, size) {
+  fg::Config c;
+  c.rank = rank;
+  c.world_size = size;
+  c.servers = 0;  // find the ranks that share this host
+  c.timeout = timeout;
+  c.settings = std::move(settings);
+  auto comm = fg::Communicator::create(c, std::make_shared<C10dStore>(store));
+  if (!comm.ok()) raise(comm.status());
+  comm_ = std::move(comm).value();
+}
+
+ProcessGroupFastgather::~ProcessGroupFastgather() { shutdown(); }
+
+void ProcessGroupFastgather::release_resources() {
+  Names& n = names();
+  std::lock_guard<std::mutex> lock(n.mu);
+  if (!name_.empty()) n.map.erase(name_);
+}
+
+std::string ProcessGroupFastgather::comm_name() {
+  Names& n = names();
+  std::lock_guard<std::mutex> lock(n.mu);
+  if (name_.empty()) {
+    name_ = "fastgather-" + std::to_string(++n.serial);
+    n.map.insert_or_assign(name_, c10::weak_intrusive_ptr<ProcessGroupFastgather>(
+                                      c10::intrusive_ptr<ProcessGroupFastgather>::reclaim_copy(this)));
+  }
+  return name_;
+}
+
+c10::intrusive_ptr<ProcessGroupFastgather> find_group(const std::string& hcom) {
+  Names& n = names();
+  std::lock_guard<std::mutex> lock(n.mu);
+  auto it = n.map.find(hcom);
+  c10::intrusive_ptr<ProcessGroupFastgather> pg = it == n.map.end() ? nullptr : it->second.lock();
+  TORCH_CHECK_VALUE(pg != nullptr, "fastgather: no fastgather group is named '", hcom,
+                    "' in this process (get it from fastgather.get_comm_name(group, rank))");
+  return pg;
+}
+
+fg::Communicator& ProcessGroupFastgather::live() const {
+  TORCH_CHECK(comm_ != nullptr, "fastgather: this group was shut down (destroy_process_group)");
+  return *comm_;
+}
+
+c10::intrusive_ptr<FastgatherWork> ProcessGroupFastgather::make_work(c10d::OpType type, std::vector<at::Tensor> result) {
+  live();
+  return c10::make_intrusive<FastgatherWork>(c10::intrusive_ptr<ProcessGroupFastgather>::reclaim_copy(this), rank_,
+                                             type, std::move(result));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::submit(const c10::intrusive_ptr<FastgatherWork>& work) {
+  work->submitted();
+  return work;
+}
+
+// The communicator's finalize() completes what was started and waits for
+// the completion callbacks, which may be Python's (a Future's .then): they
+// need the GIL this thread may hold.
+void ProcessGroupFastgather::shutdown() {
+  if (!comm_) return;
+  std::unique_ptr<fg::Communicator> comm = std::move(comm_);
+  auto end = [&] { (void)comm->finalize(); };  // its error (a peer gone) was each op's to report
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release nogil;
+    end();
+  } else {
+    end();
+  }
+}
+
+void ProcessGroupFastgather::abort() {
+  if (comm_) comm_->abort();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& /*opts*/) {
+  TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
+                    "fastgather: all_gather takes one input and one output list, got ", inputs.size(), " and ",
+                    outputs.size());
+  auto work = make_work(c10d::OpType::ALLGATHER, outputs[0]);
+  add_list_gather(*work, "all_gather", outputs[0], inputs[0]);
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  // output_lists[r][i] receives group rank r's inputs[i].
+  constexpr const char* kOp = "all_gather_coalesced";
+  TORCH_CHECK_VALUE(static_cast<int>(output_lists.size()) == size_, "fastgather: ", kOp, " needs ", size_,
+                    " output lists (one per rank of the group), got ", output_lists.size());
+  std::vector<std::vector<at::Tensor>> per_input(inputs.size());
+  std::vector<at::Tensor> flat;
+  for (auto& l : output_lists) {
+    TORCH_CHECK_VALUE(l.size() == inputs.size(), "fastgather: ", kOp, ": an output list holds ", l.size(),
+                      " tensors for ", inputs.size(), " inputs");
+    for (size_t i = 0; i < l.size(); ++i) per_input[i].push_back(l[i]);
+    flat.insert(flat.end(), l.begin(), l.end());
+  }
+  // Every argument is checked before the first request starts: a rank
+  // must not start half of a collective its peers will not finish.
+  for (size_t i = 0; i < inputs.size(); ++i) check_list_gather(kOp, per_input[i], inputs[i]);
+  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, flat);
+  for (size_t i = 0; i < inputs.size(); ++i) add_list_gather(*work, kOp, per_input[i], inputs[i]);
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::AllgatherOptions& /*opts*/) {
+  auto work = make_work(c10d::OpType::_ALLGATHER_BASE, {output});
+  add_tensor_gather(*work, "all_gather_into_tensor", output, input);
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& /*opts*/) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastgather: all_gather_into_tensor_coalesced: ", inputs.size(),
+                    " inputs but ", outputs.size(), " outputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor_gather("all_gather_into_tensor_coalesced", outputs[i], inputs[i]);
+  }
+  auto work = make_work(c10d::OpType::COALESCED, outputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    add_tensor_gather(*work, "all_gather_into_tensor_coalesced", outputs[i], inputs[i]);
+  }
+  return submit(work);
+}
+
+// The root's tensor is written once and read by the others (fg::broadcast).
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::broadcast(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::BroadcastOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: broadcast takes one tensor, got ", tensors.size());
+  at::Tensor& t = tensors[0];
+  check_tensor(t, "broadcast", "the tensor");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "fastgather: broadcast root ", opts.rootRank,
+                    " is outside the group of ", size_);
+  auto work = make_work(c10d::OpType::BROADCAST, tensors);
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  if (!buf.is_same(t)) chain_copy(*work, t, buf);
+  work->flight().keep.push_back(buf);
+  start(*work, group(),
+        [&](fg::Group& g) { return fg::start_broadcast(g, view_of(buf), static_cast<int>(opts.rootRank)); });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::barrier(const c10d::BarrierOptions& /*opts*/) {
+  auto work = make_work(c10d::OpType::BARRIER, {});
+  start(*work, group(), [](fg::Group& g) { return fg::start_barrier(g); });
+  return submit(work);
+}
+
+// Sums (fg::all_reduce, fg::reduce_scatter): every element summed in
+// group-rank order, the same bits on every rank.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: all_reduce takes one tensor, got ", tensors.size());
+  at::Tensor& t = tensors[0];
+  check_sum("all_reduce", t, "the tensor", opts.reduceOp);
+  auto work = make_work(c10d::OpType::ALLREDUCE, tensors);
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  if (!buf.is_same(t)) chain_copy(*work, t, buf);
+  work->flight().keep.push_back(buf);
+  start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf)); });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                            const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* kOp = "reduce_scatter_tensor";
+  check_sum(kOp, input, "the input", opts.reduceOp);
+  check_sum(kOp, output, "the output", opts.reduceOp);
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "fastgather: ", kOp, ": the output is ",
+                   output.scalar_type(), ", the input ", input.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "fastgather: ", kOp, ": the input is ",
+                    input.scalar_type(), input.sizes(), "; ", size_, " ranks x output ", output.scalar_type(),
+                    output.sizes(), " need ", output.numel() * size_, " elements");
+  auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+  add_reduce_scatter(*work, output, input.contiguous());
+  return submit(work);
+}
+
+// outputs[0] = the sum over ranks of their inputs[0][group rank].
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                      std::vector<std::vector<at::Tensor>>& inputs,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* kOp = "reduce_scatter";
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "fastgather: ", kOp,
+                    " takes one output and one input list, got ", outputs.size(), " and ", inputs.size());
+  at::Tensor& output = outputs[0];
+  check_sum(kOp, output, "the output", opts.reduceOp);
+  TORCH_CHECK_VALUE(static_cast<int>(inputs[0].size()) == size_, "fastgather: ", kOp, " needs ", size_,
+                    " input tensors (one per rank of the group), got ", inputs[0].size());
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& in : inputs[0]) {
+    check_sum(kOp, in, "an input", opts.reduceOp);
+    TORCH_CHECK_VALUE(in.scalar_type() == output.scalar_type() && in.numel() == output.numel(), "fastgather: ", kOp,
+                      ": an input is ", in.scalar_type(), in.sizes(), ", the output ", output.scalar_type(),
+                      output.sizes());
+    flat.push_back(in.reshape({-1}));
+  }
+  auto work = make_work(c10d::OpType::REDUCE_SCATTER, outputs);
+  add_reduce_scatter(*work, output, at::cat(flat));
+  return submit(work);
+}
+
+#define FG_UNSUPPORTED(op, name, ...)                                                                        \
+  c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::op(__VA_ARGS__) {                                   \
+    C10_THROW_ERROR(NotImplementedError,                                                                     \
+                    std::string("fastgather: ") + name + " is not supported by this backend. " + kOnlyThese); \
+  }
+FG_UNSUPPORTED(allreduce_sparse, "allreduce_sparse", std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
+FG_UNSUPPORTED(allreduce_coalesced, "allreduce_coalesced", std::vector<at::Tensor>&,
+               const c10d::AllreduceCoalescedOptions&)
+FG_UNSUPPORTED(reduce, "reduce", std::vector<at::Tensor>&, const c10d::ReduceOptions&)
+FG_UNSUPPORTED(gather, "gather", std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
+               const c10d::GatherOptions&)
+FG_UNSUPPORTED(scatter, "scatter", std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&,
+               const c10d::ScatterOptions&)
+FG_UNSUPPORTED(reduce_scatter_tensor_coalesced, "reduce_scatter_tensor_coalesced", std::vector<at::Tensor>&,
+               std::vector<at::Tensor>&, const c10d::ReduceScatterOptions&)
+FG_UNSUPPORTED(alltoall_base, "all_to_all_single", at::Tensor&, at::Tensor&, std::vector<int64_t>&,
+               std::vector<int64_t>&, const c10d::AllToAllOptions&)
+FG_UNSUPPORTED(alltoall, "all_to_all", std::vector<at::Tensor>&, std::vector<at::Tensor>&, const c10d::AllToAllOptions&)
+FG_UNSUPPORTED(send, "send", std::vector<at::Tensor>&, int, int)
+FG_UNSUPPORTED(recv, "recv", std::vector<at::Tensor>&, int, int)
+FG_UNSUPPORTED(recvAnysource, "recv (any source)", std::vector<at::Tensor>&, int)
+#undef FG_UNSUPPORTED
+
+void ProcessGroupFastgather::check_tensor_gather(const char* op, const at::Tensor& output,
+                                                 const at::Tensor& input) const {
+  check_tensor(input, op, "the input");
+  check_tensor(output, op, "the output");
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "fastgather: ", op, ": the output is ",
+                   output.scalar_type(), ", the input ", input.scalar_type());
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "fastgather: ", op, ": the output is ",
+                    output.scalar_type(), output.sizes(), "; ", size_, " ranks x input ", input.scalar_type(),
+                    input.sizes(), " need ", input.numel() * size_, " elements");
+}
+
+void ProcessGroupFastgather::add_tensor_gather(FastgatherWork& work, const char* op, const at::Tensor& output,
+                                               const at::Tensor& input) {
+  check_tensor_gather(op, output, input);
+  const at::Tensor in = input.contiguous();
+  at::Tensor out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+  if (!out.is_same(output)) chain_copy(work, output, out);
+  work.flight().keep.push_back(in);
+  work.flight().keep.push_back(out);
+  start(work, group(), [&](fg::Group& g) { return fg::start_all_gather(g, view_of(in), view_of(out)); });
+}
+
+void ProcessGroupFastgather::check_list_gather(const char* op, const std::vector<at::Tensor>& outputs,
+                                               const at::Tensor& input) const {
+  check_tensor(input, op, "the input");
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_, "fastgather: ", op, " needs ", size_,
+                    " output tensors (one per rank of the group), got ", outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& o = outputs[i];
+    check_tensor(o, op, "an output");
+    TORCH_CHECK_TYPE(o.scalar_type() == input.scalar_type(), "fastgather: ", op, " output ", i, " is ",
+                     o.scalar_type(), ", the input ", input.scalar_type());
+    // Outputs may differ in size (an uneven all-gather); this rank's is the input's.
+    TORCH_CHECK_VALUE(static_cast<int>(i) != rank_ || o.numel() == input.numel(), "fastgather: ", op, " output ", i,
+                      " (this rank's) is ", o.scalar_type(), o.sizes(), ", the input is ", input.scalar_type(),
+                      input.sizes());
+  }
+}
+
+void ProcessGroupFastgather::add_list_gather(FastgatherWork& work, const char* op, const std::vector<at::Tensor>& outputs,
+                                             const at::Tensor& input) {
+  check_list_gather(op, outputs, input);
+  const at::Tensor in = input.contiguous();
+  work.flight().keep.push_back(in);
+  std::vector<fg::TensorView> views;
+  for (const at::Tensor& o : outputs) {
+    at::Tensor buf = o.is_contiguous() ? o : at::empty_like(o, at::MemoryFormat::Contiguous);
+    if (!buf.is_same(o)) chain_copy(work, o, buf);
+    work.flight().keep.push_back(buf);
+    views.push_back(view_of(buf));
+  }
+  start(work, group(),
+        [&](fg::Group& g) { return fg::start_all_gather(g, view_of(in), std::span<const fg::TensorView>(views)); });
+}
+
+// input: contiguous, group.size() chunks of output's size.
+void ProcessGroupFastgather::add_reduce_scatter(FastgatherWork& work, const at::Tensor& output,
+                                                const at::Tensor& input) {
+  at::Tensor out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+  if (!out.is_same(output)) chain_copy(work, output, out);
+  work.flight().keep.push_back(input);
+  work.flight().keep.push_back(out);
+  start(work, group(), [&](fg::Group& g) { return fg::start_reduce_scatter(g, view_of(input), view_of(out)); });
+}
+
+}  // namespace fastgather_torch

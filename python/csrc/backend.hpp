@@ -1,0 +1,98 @@
+// fastgather as a torch.distributed backend (torch 2.x: a c10d::Backend for
+// the CPU device). One ProcessGroupFastgather per torch group: a fastgather
+// Communicator whose world is the group's members, meeting through the store
+// torch hands the backend (a PrefixStore of the group), with the ranks that
+// share a host found from host identities. Nothing here forks, waits or
+// keeps a thread: each op checks its arguments, starts the library's
+// requests and returns a Work (work.hpp); progress and completion are the
+// library's.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "work.hpp"
+
+namespace fastgather_torch {
+
+class ProcessGroupFastgather : public c10d::Backend {
+ public:
+  ProcessGroupFastgather(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         std::chrono::milliseconds timeout, std::optional<fg::Settings> settings);
+  ~ProcessGroupFastgather() override;
+
+  const fg::Settings& settings() const { return live().settings(); }
+  std::string transport() const { return live().transport(); }
+  fg::Group& group() { return live().world(); }
+  const std::string getBackendName() const override { return "fastgather"; }
+  void release_resources() override;
+  // The name all_gather_base_mm takes; registered on first use (it needs the
+  // intrusive pointer, which the constructor does not have yet).
+  std::string comm_name();
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& output_lists,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+
+#define FG_UNSUPPORTED(op, ...) c10::intrusive_ptr<c10d::Work> op(__VA_ARGS__) override;
+  FG_UNSUPPORTED(allreduce_sparse, std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
+  FG_UNSUPPORTED(allreduce_coalesced, std::vector<at::Tensor>&, const c10d::AllreduceCoalescedOptions&)
+  FG_UNSUPPORTED(reduce, std::vector<at::Tensor>&, const c10d::ReduceOptions&)
+  FG_UNSUPPORTED(gather, std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&, const c10d::GatherOptions&)
+  FG_UNSUPPORTED(scatter, std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&, const c10d::ScatterOptions&)
+  FG_UNSUPPORTED(reduce_scatter_tensor_coalesced, std::vector<at::Tensor>&, std::vector<at::Tensor>&,
+                 const c10d::ReduceScatterOptions&)
+  FG_UNSUPPORTED(alltoall_base, at::Tensor&, at::Tensor&, std::vector<int64_t>&, std::vector<int64_t>&,
+                 const c10d::AllToAllOptions&)
+  FG_UNSUPPORTED(alltoall, std::vector<at::Tensor>&, std::vector<at::Tensor>&, const c10d::AllToAllOptions&)
+  FG_UNSUPPORTED(send, std::vector<at::Tensor>&, int, int)
+  FG_UNSUPPORTED(recv, std::vector<at::Tensor>&, int, int)
+  FG_UNSUPPORTED(recvAnysource, std::vector<at::Tensor>&, int)
+#undef FG_UNSUPPORTED
+
+  // destroy_process_group: what was started completes (its callbacks run),
+  // then the orderly end.
+  void shutdown() override;
+  void abort() override;
+
+ private:
+  fg::Communicator& live() const;
+  c10::intrusive_ptr<FastgatherWork> make_work(c10d::OpType type, std::vector<at::Tensor> result);
+  c10::intrusive_ptr<c10d::Work> submit(const c10::intrusive_ptr<FastgatherWork>& work);
+
+  void check_tensor_gather(const char* op, const at::Tensor& output, const at::Tensor& input) const;
+  void add_tensor_gather(FastgatherWork& work, const char* op, const at::Tensor& output, const at::Tensor& input);
+  void check_list_gather(const char* op, const std::vector<at::Tensor>& outputs, const at::Tensor& input) const;
+  void add_list_gather(FastgatherWork& work, const char* op, const std::vector<at::Tensor>& outputs,
+                       const at::Tensor& input);
+  void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input);
+
+  std::unique_ptr<fg::Communicator> comm_;
+  std::string name_;
+};
+
+// The group an hcom name (comm_name) stands for, or a ValueError.
+c10::intrusive_ptr<ProcessGroupFastgather> find_group(const std::string& hcom);
+
+}  // namespace fastgather_torch
