@@ -81,7 +81,72 @@ std::vector<std::string> violations(const fs::path& root = FG_SOURCE_DIR) {
   return bad;
 }
 
+// Inside src/algo the same rule, file by file: the call description at the
+// bottom, then the plan, the lockstep step, the schedules within a server and
+// the compositions across servers. A file (header and .cpp alike, by stem)
+// may include algo files of its own level or below. Every file of src/algo
+// is here, so none escapes the check.
+const std::map<std::string, int> kAlgoLevel = {
+    {"function_ref", 0}, {"copy_in", 0},       {"call", 1},          {"plan", 2},
+    {"lockstep", 3},     {"allgather", 4},     {"reduce", 4},        {"reduce_steps", 4},
+    {"allgather_net", 5}, {"reduce_net", 5},
+};
+
+std::vector<std::string> algo_violations(const fs::path& root = FG_SOURCE_DIR) {
+  std::vector<std::string> bad;
+  const std::regex include(R"re(^\s*#\s*include\s*"algo/([^"/]+)\.hpp")re");
+  for (const auto& entry : fs::directory_iterator(root / "src" / "algo")) {
+    const std::string stem = entry.path().stem().string();
+    auto level = kAlgoLevel.find(stem);
+    if (level == kAlgoLevel.end()) {
+      bad.push_back("src/algo/" + entry.path().filename().string() + " has no level (add it to kAlgoLevel)");
+      continue;
+    }
+    std::ifstream f(entry.path());
+    std::string line;
+    for (int n = 1; std::getline(f, line); ++n) {
+      std::smatch m;
+      if (!std::regex_search(line, m, include)) continue;
+      const std::string where = "src/algo/" + entry.path().filename().string() + ":" + std::to_string(n);
+      auto target = kAlgoLevel.find(m[1]);
+      if (target == kAlgoLevel.end()) {
+        bad.push_back(where + " includes algo/" + std::string(m[1]) + ".hpp, which has no level");
+      } else if (target->second > level->second) {
+        bad.push_back(where + " (level " + std::to_string(level->second) + ") includes algo/" + target->first +
+                      ".hpp (level " + std::to_string(target->second) + ")");
+      }
+    }
+  }
+  return bad;
+}
+
 }  // namespace
+
+TEST(Layers, NothingInAlgoIncludesUpward) {
+  const auto bad = algo_violations();
+  std::string all;
+  for (const auto& b : bad) all += "\n  " + b;
+  EXPECT_TRUE(bad.empty()) << "includes in src/algo that go up:" << all;
+}
+
+// The same check fails on a copy where the plan reaches into a schedule
+// across servers, and on a file it does not know.
+TEST(Layers, TheAlgoCheckCatchesAnIncludeThatGoesUp) {
+  const fs::path root = fs::temp_directory_path() / ("fg_algo_layers_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "src");
+  fs::copy(fs::path(FG_SOURCE_DIR) / "src" / "algo", root / "src" / "algo", fs::copy_options::recursive);
+  { std::ofstream(root / "src" / "algo" / "plan.cpp", std::ios::app) << "#include \"algo/reduce_net.hpp\"\n"; }
+  { std::ofstream(root / "src" / "algo" / "zz_probe.hpp") << "\n"; }
+  const auto bad = algo_violations(root);
+  fs::remove_all(root);
+  std::string all;
+  for (const auto& b : bad) all += b + "\n";
+  ASSERT_EQ(bad.size(), 2u) << all;
+  EXPECT_NE(all.find("src/algo/plan.cpp:"), std::string::npos) << all;
+  EXPECT_NE(all.find("(level 2) includes algo/reduce_net.hpp (level 5)"), std::string::npos) << all;
+  EXPECT_NE(all.find("src/algo/zz_probe.hpp has no level"), std::string::npos) << all;
+}
 
 TEST(Layers, EachFolderIncludesOnlyWhatIsBelowIt) {
   const auto bad = violations();

@@ -20,25 +20,6 @@
 
 namespace fastgather::algo {
 
-const char* op_name(OpCode op) {
-  switch (op) {
-    case OpCode::kAllGather: return "all_gather";
-    case OpCode::kAllGatherV: return "all_gather_v";
-    case OpCode::kAllGatherMatmul: return "all_gather_matmul";
-    case OpCode::kBarrier: return "barrier";
-    case OpCode::kBroadcast: return "broadcast";
-    case OpCode::kReduceScatter: return "reduce_scatter";
-    case OpCode::kAllReduce: return "all_reduce";
-    case OpCode::kMatmulReduceScatter: return "matmul_reduce_scatter";
-  }
-  return "unknown-op";
-}
-
-const Settings& default_settings() {
-  static const Settings defaults;
-  return defaults;
-}
-
 Status CallState::mismatch_status() const {
   return Status{ErrorKind::kMismatch, fmt::format("{}: {}", ch.label(), mismatch), disagreeing};
 }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "algo/allgather.hpp"
+#include "algo/call.hpp"
 #include "algo/copy_in.hpp"
 #include "algo/function_ref.hpp"
 #include "algo/plan.hpp"

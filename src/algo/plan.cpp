@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "algo/reduce_net.hpp"
 #include "fastgather/dtype.hpp"
 
 namespace fastgather::algo {
@@ -16,20 +15,6 @@ const char* protocol_name(Protocol p) {
     case Protocol::kSingleCopy: return "single copy";
   }
   return "unknown-protocol";
-}
-
-int Topology::server_of(int member) const {
-  return static_cast<int>(std::upper_bound(first.begin(), first.end(), member) - first.begin()) - 1;
-}
-
-Topology Topology::of(const std::vector<int>& server_of_member, int me) {
-  Topology t;
-  for (size_t m = 0; m < server_of_member.size(); ++m) {
-    if (m == 0 || server_of_member[m] != server_of_member[m - 1]) t.first.push_back(static_cast<int>(m));
-  }
-  t.first.push_back(static_cast<int>(server_of_member.size()));
-  t.mine = t.server_of(me);
-  return t;
 }
 
 GroupShape GroupShape::of(const transport::ShmChannel& local, const Topology& topo, bool outnumbered) {

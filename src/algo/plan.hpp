@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "algo/allgather.hpp"
+#include "algo/call.hpp"
 #include "fastgather/schedule.hpp"
 #include "fastgather/status.hpp"
 #include "transport/net_channel.hpp"
@@ -31,24 +31,6 @@ enum class Protocol : uint8_t {
                 // a second step says they are done (falls back to copy-in/copy-out)
 };
 const char* protocol_name(Protocol p);
-
-// Members are numbered in ascending world rank and servers hold consecutive
-// world ranks, so each server's members are consecutive: a Topology is the
-// first member of each server present in the group.
-struct Topology {
-  std::vector<int> first;  // first[s]: first member on the group's s-th server; first.back(): members
-  int mine = 0;            // this member's server slot
-
-  int servers() const { return static_cast<int>(first.size()) - 1; }
-  int members() const { return first.back(); }
-  int server_of(int member) const;
-  int leader(int slot) const { return first[slot]; }
-  int local_count() const { return first[mine + 1] - first[mine]; }
-  bool local(int member) const { return member >= first[mine] && member < first[mine + 1]; }
-  bool one_per_server() const { return members() == servers(); }
-  // From each member's server index (any increasing labels), and this member's position.
-  static Topology of(const std::vector<int>& server_of_member, int me);
-};
 
 // What a plan needs to know of the group.
 struct GroupShape {

@@ -9,18 +9,6 @@
 
 namespace fastgather::algo {
 
-Chunks::Chunks(size_t total_bytes, int members, size_t align) : total(total_bytes) {
-  const size_t n = static_cast<size_t>(std::max(members, 1));
-  const size_t unit = 64 % std::max<size_t>(align, 1) == 0 ? 64 : std::max<size_t>(align, 1);
-  each = ((total + n - 1) / n + unit - 1) / unit * unit;
-}
-
-Chunks Chunks::equal(size_t total_bytes, int members) {
-  Chunks c(total_bytes, members, 1);
-  c.each = total_bytes / static_cast<size_t>(std::max(members, 1));
-  return c;
-}
-
 namespace {
 
 size_t part(size_t size, size_t off, size_t most) { return size > off ? std::min(most, size - off) : 0; }

@@ -11,7 +11,7 @@
 
 #include <cstddef>
 
-#include "algo/allgather.hpp"
+#include "algo/call.hpp"
 #include "algo/function_ref.hpp"
 #include "algo/plan.hpp"
 #include "engine/task.hpp"
@@ -27,18 +27,6 @@ using Sum = FunctionRef<void(size_t offset, const std::byte* const* srcs, int n,
 // produce(member, offset, len, dst): writes bytes [offset, offset+len) of the
 // chunk of this member's input that `member` sums, at dst.
 using Produce = FunctionRef<void(int member, size_t offset, size_t len, std::byte* dst)>;
-
-// Which bytes of an all-reduce each member sums in two-shot: chunk m starts at
-// first(m) bytes and holds size(m) (whole cache lines but the last; some may
-// be empty).
-struct Chunks {
-  size_t total = 0, each = 0;
-  Chunks(size_t total_bytes, int members, size_t align);
-  // A reduce-scatter's: n equal chunks back to back.
-  static Chunks equal(size_t total_bytes, int members);
-  size_t first(int m) const { return std::min(total, each * static_cast<size_t>(m)); }
-  size_t size(int m) const { return std::min(each, total - first(m)); }
-};
 
 // call.op kReduceScatter: call.input holds n chunks of call.bytes / n bytes;
 // the result (call.bytes / n) is the sum of every member's chunk me (also

@@ -19,26 +19,6 @@ using transport::NetIov;
 using transport::PostHeader;
 using transport::ShmChannel;
 
-bool scatters(const GatherCall& call) { return call.op != OpCode::kAllReduce; }
-
-// Which bytes this member sums and exchanges (in the dtype's bytes).
-struct Layout {
-  Layout(const Topology& topo, const GatherCall& call)
-      : servers(topo.servers()), locals(topo.local_count()),
-        slabs(scatters(call) ? Chunks::equal(call.bytes, locals) : Chunks(call.bytes, locals, call.align)),
-        chunk(call.bytes / static_cast<size_t>(servers * locals)), whole(sums_whole(topo, call)) {}
-  int servers, locals;
-  Chunks slabs;  // slab j: what local member j sums within the server
-  size_t chunk;  // reduce_scatter: each member's chunk of the result
-  bool whole;    // every member sums all of its server's inputs (sums_whole)
-  size_t first(int j) const { return whole ? 0 : slabs.first(j); }
-  size_t size(int j) const { return whole ? slabs.total : slabs.size(j); }
-  // The partial sums member j of server t receives from this member: where
-  // they lie in this member's slab, and how many bytes.
-  size_t sent_from(bool scatter, int t) const { return scatter ? static_cast<size_t>(t) * chunk : 0; }
-  size_t result(bool scatter, int j) const { return scatter ? chunk : size(j); }
-};
-
 class SumAcross {
  public:
   SumAcross(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
@@ -199,7 +179,7 @@ class SumAcross {
   const CallPlan& plan_;
   std::byte* out_;
   SumsAcross sums_;
-  const Layout layout_;
+  const SumLayout layout_;
   const bool scatter_;
   const int j_;  // this member's index on its server
   const PostHeader mine_;
@@ -212,15 +192,6 @@ class SumAcross {
 };
 
 }  // namespace
-
-bool sums_whole(const Topology& topo, const GatherCall& call) {
-  return call.op == OpCode::kAllReduce && topo.local_count() > 1 && call.bytes <= kSumWholeMaxBytes;
-}
-
-size_t exchanged_bytes(const Topology& topo, const GatherCall& call) {
-  const Layout layout(topo, call);
-  return layout.result(scatters(call), 0);
-}
 
 engine::Task<Status> sum_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
                                 const CallPlan& plan, std::byte* out, SumsAcross sums) {

@@ -52,19 +52,6 @@ struct SumsAcross {
   std::vector<std::byte>* work = nullptr;
 };
 
-// Up to this size per member an all_reduce across servers is summed whole
-// within each server (one step: every member sums all of its server's
-// inputs, as the one-shot does) and every member exchanges all of its
-// partial sums, so that no step is needed to share the sums afterwards:
-// for a small sum the steps cost more than the bytes. Measured with 2 servers
-// of 2 ranks on 2 cores (docs/benchmarks.md, "Sums across servers"): as fast
-// or faster up to 16 KB, level at 32 KB, slower at 64 KB.
-constexpr size_t kSumWholeMaxBytes = 32 << 10;
-bool sums_whole(const Topology& topo, const GatherCall& call);
-
-// The largest message the exchange sends for this call, in the dtype's bytes.
-size_t exchanged_bytes(const Topology& topo, const GatherCall& call);
-
 // call.op kReduceScatter or kAllReduce, as algo::reduce (out may be the
 // input for all_reduce, the own chunk of it for reduce_scatter), or
 // kMatmulReduceScatter with sums.produce (out unused: of_partials writes the
