@@ -204,22 +204,17 @@ engine::Task<Status> all_gather_matmul_op(Group& group, const TensorView& x1, co
   co_return st;
 }
 
-engine::Task<Status> owning_all_gather_matmul(Group& group, TensorView x1, TensorView x2, std::optional<TensorView> bias,
-                                              TensorView output, TensorView gather_out, AllGatherMatmulOptions options) {
-  co_return co_await all_gather_matmul_op(group, x1, x2, bias, output, gather_out, options);
-}
-
 }  // namespace
 
 Request start_all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2,
                                 const std::optional<TensorView>& bias, const TensorView& output,
                                 const TensorView& gather_out, const AllGatherMatmulOptions& options) {
-  return RequestAccess::start(group, owning_all_gather_matmul(group, x1, x2, bias, output, gather_out, options));
+  return ops::start<all_gather_matmul_op>(group, x1, x2, bias, output, gather_out, options);
 }
 
 Status all_gather_matmul(Group& group, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
                          const TensorView& output, const TensorView& gather_out, const AllGatherMatmulOptions& options) {
-  return RequestAccess::run(group, all_gather_matmul_op(group, x1, x2, bias, output, gather_out, options));
+  return ops::call<all_gather_matmul_op>(group, x1, x2, bias, output, gather_out, options);
 }
 
 }  // namespace fastgather

@@ -47,8 +47,8 @@ engine::Task<Status> gather_uneven(Group& group, const TensorView& input, std::v
   co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, options.stats);
 }
 
-// The ops as coroutines; they take references, which the blocking calls'
-// arguments satisfy and the start_ forms keep alive in their own frames.
+// The ops as coroutines over references to their arguments: the blocking
+// calls' own, or a request's copies (ops::call and ops::start, request.hpp).
 engine::Task<Status> all_gather_op(Group& group, const TensorView& input, const TensorView& output,
                                    AllGatherOptions options) {
   constexpr const char* kOp = "all_gather";
@@ -126,7 +126,7 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
 }
 
 engine::Task<Status> all_gather_v_op(Group& group, const TensorView& input, const TensorView& output,
-                                     std::vector<int64_t> counts, AllGatherOptions options) {
+                                     std::span<const int64_t> counts, AllGatherOptions options) {
   constexpr const char* kOp = "all_gather_v";
   if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
   if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
@@ -166,11 +166,6 @@ engine::Task<Status> all_gather_v_op(Group& group, const TensorView& input, cons
   co_return co_await gather_uneven(group, input, std::move(sizes), at, total, options);
 }
 
-engine::Task<Status> owning_all_gather_v(Group& group, TensorView input, TensorView output, std::vector<int64_t> counts,
-                                         AllGatherOptions options) {
-  co_return co_await all_gather_v_op(group, input, output, std::move(counts), options);
-}
-
 // Within a server the root's bytes are written once (into its ring, or read
 // where they lie in its symmetric heap) and every other member copies them
 // out; nobody else posts data. Across servers the schedules know only the
@@ -205,10 +200,6 @@ engine::Task<Status> broadcast_op(Group& group, const TensorView& data, int root
   co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink);
 }
 
-engine::Task<Status> owning_broadcast(Group& group, TensorView data, int root) {
-  co_return co_await broadcast_op(group, data, root);
-}
-
 engine::Task<Status> barrier_op(Group& group) {
   algo::GatherCall call;
   call.op = algo::OpCode::kBarrier;
@@ -216,56 +207,44 @@ engine::Task<Status> barrier_op(Group& group) {
   co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink);
 }
 
-// The start_ forms own copies of what they were given.
-engine::Task<Status> owning_all_gather(Group& group, TensorView input, TensorView output, AllGatherOptions options) {
-  co_return co_await all_gather_op(group, input, output, options);
-}
-
-engine::Task<Status> owning_all_gather_list(Group& group, TensorView input, std::vector<TensorView> outputs,
-                                            AllGatherOptions options) {
-  co_return co_await all_gather_list_op(group, input, outputs, options);
-}
-
 }  // namespace
 
 Request start_all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options) {
-  return RequestAccess::start(group, owning_all_gather(group, input, output, options));
+  return ops::start<all_gather_op>(group, input, output, options);
 }
 
 Status all_gather(Group& group, const TensorView& input, const TensorView& output, const AllGatherOptions& options) {
-  return RequestAccess::run(group, all_gather_op(group, input, output, options));
+  return ops::call<all_gather_op>(group, input, output, options);
 }
 
 Request start_all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
                          const AllGatherOptions& options) {
-  return RequestAccess::start(group, owning_all_gather_list(group, input, {outputs.begin(), outputs.end()}, options));
+  return ops::start<all_gather_list_op>(group, input, outputs, options);
 }
 
 Status all_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs,
                   const AllGatherOptions& options) {
-  return RequestAccess::run(group, all_gather_list_op(group, input, outputs, options));
+  return ops::call<all_gather_list_op>(group, input, outputs, options);
 }
 
 Request start_all_gather_v(Group& group, const TensorView& input, const TensorView& output,
                            std::span<const int64_t> counts, const AllGatherOptions& options) {
-  return RequestAccess::start(group, owning_all_gather_v(group, input, output, {counts.begin(), counts.end()}, options));
+  return ops::start<all_gather_v_op>(group, input, output, counts, options);
 }
 
 Status all_gather_v(Group& group, const TensorView& input, const TensorView& output, std::span<const int64_t> counts,
                     const AllGatherOptions& options) {
-  return RequestAccess::run(group, all_gather_v_op(group, input, output, {counts.begin(), counts.end()}, options));
+  return ops::call<all_gather_v_op>(group, input, output, counts, options);
 }
 
 Request start_broadcast(Group& group, const TensorView& data, int root) {
-  return RequestAccess::start(group, owning_broadcast(group, data, root));
+  return ops::start<broadcast_op>(group, data, root);
 }
 
-Status broadcast(Group& group, const TensorView& data, int root) {
-  return RequestAccess::run(group, broadcast_op(group, data, root));
-}
+Status broadcast(Group& group, const TensorView& data, int root) { return ops::call<broadcast_op>(group, data, root); }
 
-Request start_barrier(Group& group) { return RequestAccess::start(group, barrier_op(group)); }
+Request start_barrier(Group& group) { return ops::start<barrier_op>(group); }
 
-Status barrier(Group& group) { return RequestAccess::run(group, barrier_op(group)); }
+Status barrier(Group& group) { return ops::call<barrier_op>(group); }
 
 }  // namespace fastgather

@@ -196,22 +196,17 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
   co_return s;
 }
 
-engine::Task<Status> owning_matmul_reduce_scatter(Group& group, TensorView x1, TensorView x2, std::optional<TensorView> bias,
-                                                  TensorView output, MatmulReduceScatterOptions options) {
-  co_return co_await matmul_reduce_scatter_op(group, x1, x2, bias, output, options);
-}
-
 }  // namespace
 
 Request start_matmul_reduce_scatter(Group& group, const TensorView& x1, const TensorView& x2,
                                     const std::optional<TensorView>& bias, const TensorView& output,
                                     const MatmulReduceScatterOptions& options) {
-  return RequestAccess::start(group, owning_matmul_reduce_scatter(group, x1, x2, bias, output, options));
+  return ops::start<matmul_reduce_scatter_op>(group, x1, x2, bias, output, options);
 }
 
 Status matmul_reduce_scatter(Group& group, const TensorView& x1, const TensorView& x2, const std::optional<TensorView>& bias,
                              const TensorView& output, const MatmulReduceScatterOptions& options) {
-  return RequestAccess::run(group, matmul_reduce_scatter_op(group, x1, x2, bias, output, options));
+  return ops::call<matmul_reduce_scatter_op>(group, x1, x2, bias, output, options);
 }
 
 }  // namespace fastgather

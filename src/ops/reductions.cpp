@@ -158,31 +158,22 @@ engine::Task<Status> all_reduce_op(Group& group, const TensorView& input, const 
                                 static_cast<std::byte*>(output.data), options.stats);
 }
 
-// The start_ forms own copies of what they were given.
-engine::Task<Status> owning_reduce_scatter(Group& group, TensorView input, TensorView output, ReduceOptions options) {
-  co_return co_await reduce_scatter_op(group, input, output, options);
-}
-
-engine::Task<Status> owning_all_reduce(Group& group, TensorView input, TensorView output, ReduceOptions options) {
-  co_return co_await all_reduce_op(group, input, output, options);
-}
-
 }  // namespace
 
 Request start_reduce_scatter(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
-  return RequestAccess::start(group, owning_reduce_scatter(group, input, output, options));
+  return ops::start<reduce_scatter_op>(group, input, output, options);
 }
 
 Status reduce_scatter(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
-  return RequestAccess::run(group, reduce_scatter_op(group, input, output, options));
+  return ops::call<reduce_scatter_op>(group, input, output, options);
 }
 
 Request start_all_reduce(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
-  return RequestAccess::start(group, owning_all_reduce(group, input, output, options));
+  return ops::start<all_reduce_op>(group, input, output, options);
 }
 
 Status all_reduce(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
-  return RequestAccess::run(group, all_reduce_op(group, input, output, options));
+  return ops::call<all_reduce_op>(group, input, output, options);
 }
 
 }  // namespace fastgather

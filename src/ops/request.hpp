@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <span>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -50,5 +52,39 @@ struct RequestAccess {
     return start(g, std::move(op)).wait();
   }
 };
+
+namespace ops {
+
+// A request's own copy of an argument: the value itself, a vector for a span.
+template <class T>
+T own(const T& x) {
+  return x;
+}
+template <class T>
+std::vector<T> own(std::span<const T> s) {
+  return {s.begin(), s.end()};
+}
+
+// Runs `Op` over arguments that live in this frame (a request's copies).
+template <auto Op, class... Args>
+engine::Task<Status> owning(Group& g, Args... args) {
+  co_return co_await Op(g, args...);
+}
+
+// Every op's one way in, as NCCL's ncclEnqueueCheck: `Op` is the op's
+// coroutine (argument checks, plan, schedule) over references to its
+// arguments. call<Op> runs it on the caller's arguments where they are (no
+// copy; with nothing in flight on the group, on a Driver on the stack);
+// start<Op> queues it as a Request over copies it owns while in flight.
+template <auto Op, class... Args>
+Status call(Group& g, const Args&... args) {
+  return RequestAccess::run(g, Op(g, args...));
+}
+template <auto Op, class... Args>
+Request start(Group& g, const Args&... args) {
+  return RequestAccess::start(g, owning<Op>(g, own(args)...));
+}
+
+}  // namespace ops
 
 }  // namespace fastgather
