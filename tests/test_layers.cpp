@@ -35,7 +35,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
 const std::map<std::string, std::string> kPublicLayer = {
     {"fastgather/status.hpp", "base"},      {"fastgather/dtype.hpp", "base"},
     {"fastgather/settings.hpp", "base"},    {"fastgather/config.hpp", "base"},
-    {"fastgather/schedule.hpp", "base"},
+    {"fastgather/schedule.hpp", "base"},    {"fastgather/reduce_op.hpp", "base"},
     {"fastgather/store.hpp", "bootstrap"},  {"fastgather/tensor.hpp", "core"},
     {"fastgather/communicator.hpp", "core"}, {"fastgather/version.hpp", "core"},
     {"fastgather/ops.hpp", "ops"},          {"fastgather/launch.hpp", "launch"},

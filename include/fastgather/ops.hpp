@@ -15,6 +15,7 @@
 #include <span>
 
 #include "fastgather/communicator.hpp"
+#include "fastgather/reduce_op.hpp"
 #include "fastgather/schedule.hpp"
 #include "fastgather/status.hpp"
 #include "fastgather/tensor.hpp"
@@ -187,23 +188,28 @@ struct ReduceOptions {
   // reduce_scatter: kOneShot. Every member must pass the same.
   Schedule schedule = Schedule::kAuto;
   CallStats* stats = nullptr;  // filled when set
+  // The reduction (fastgather/reduce_op.hpp); every member must pass the
+  // same (else kMismatch naming it). One the dtype does not serve: kUnsupported.
+  ReduceOp op = ReduceOp::kSum;
 };
 
-// Sums, within one server (a group across servers is refused with
-// kUnsupported). fp32, fp16 and bf16 (summed in fp32, rounded once), fp64,
-// int32 and int64 (wrapping). Every element is summed by one member in
-// group-rank order, whatever order the peers' bytes arrive in: equal inputs
-// give equal bits on every run and every member.
+// Reductions (ReduceOptions::op: sum by default), within a server and across
+// servers. fp32, fp16 and bf16 (combined in fp32, rounded once), fp64, and
+// the integers (wrapping) and bool: reducible() says which reduction serves
+// which dtype. Every element is reduced by one member in group-rank order
+// (across servers: each server's members in order, then the servers in
+// order), whatever order the peers' bytes arrive in: equal inputs give equal
+// bits on every run and every member.
 
 // input holds group.size() chunks of output's size, back to back; output =
-// the sum of every member's chunk group.rank(). output may be this rank's
+// the reduction of every member's chunk group.rank(). output may be this rank's
 // own chunk of input.
 Request start_reduce_scatter(Group& group, const TensorView& input, const TensorView& output,
                              const ReduceOptions& options = {});
 Status reduce_scatter(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options = {});
 
-// output = the sum of every member's input (same size and dtype); output may
-// be input (in place). Every member gets the same bits.
+// output = the reduction of every member's input (same size and dtype);
+// output may be input (in place). Every member gets the same bits.
 Request start_all_reduce(Group& group, const TensorView& input, const TensorView& output,
                          const ReduceOptions& options = {});
 Status all_reduce(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options = {});

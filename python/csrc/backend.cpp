@@ -13,10 +13,10 @@ namespace {
 
 constexpr const char* kOnlyThese =
     "fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced, "
-    "all_gather_into_tensor_coalesced, all_reduce, reduce_scatter and reduce_scatter_tensor (sums), "
-    "broadcast and barrier; keep gloo for other ops "
-    "(init_process_group(\"gloo\", ...), or backend=\"cpu:gloo\") and create the groups that gather with "
-    "new_group(ranks, backend=\"fastgather\")";
+    "all_gather_into_tensor_coalesced, all_reduce, reduce_scatter and reduce_scatter_tensor (sum, avg, "
+    "product, min, max, band, bor, bxor), broadcast and barrier; for other ops keep a gloo world "
+    "(init_process_group(\"gloo\", ...)) and make the groups that gather and reduce with "
+    "dist.new_group(ranks, backend=\"fastgather\")";
 
 // hcom names -> groups, for all_gather_base_mm (the role of get_hccl_comm_name).
 // Weak: a name does not keep its group alive. A group leaves the map when its
@@ -33,16 +33,28 @@ Names& names() {
   return *n;
 }
 
-// A tensor a sum may take: on the CPU, a dtype the library sums, SUM.
-void check_sum(const char* op, const at::Tensor& t, const char* what, const c10d::ReduceOp& reduce_op) {
+// The library's reduction for torch's, for a tensor of this dtype: or a
+// NotImplementedError naming the op, the reduction and the dtype.
+fg::ReduceOp check_reduce(const char* op, const at::Tensor& t, const char* what, const c10d::ReduceOp& reduce_op) {
   check_tensor(t, op, what);
-  TORCH_CHECK_VALUE(reduce_op == c10d::ReduceOp::SUM, "fastgather: ", op, " sums (ReduceOp.SUM); other reductions: ",
-                    kOnlyThese);
+  static constexpr const char* kNames[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+  const auto r = static_cast<unsigned>(reduce_op.op_);
+  TORCH_CHECK_NOT_IMPLEMENTED(r <= c10d::ReduceOp::BXOR, "fastgather: ", op, ": ReduceOp.",
+                              r < std::size(kNames) ? kNames[r] : "?", " is not supported. ", kOnlyThese);
+  const auto ours = static_cast<fg::ReduceOp>(r);  // the same order: SUM .. BXOR
   const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble || st == at::kInt ||
-                       st == at::kLong || st == at::kComplexFloat || st == at::kComplexDouble,
-                   "fastgather: ", op, ": ", what, " is ", st,
-                   "; sums take float32, float16, bfloat16, float64, int32, int64 and complex");
+  const bool known = st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble ||
+                     st == at::kChar || st == at::kByte || st == at::kShort || st == at::kInt || st == at::kLong ||
+                     st == at::kBool || st == at::kComplexFloat || st == at::kComplexDouble;
+  // A complex number is a pair of reals: summed and averaged as such, and
+  // nothing else (a product or a minimum of pairs is not of the numbers).
+  const bool complex = st == at::kComplexFloat || st == at::kComplexDouble;
+  TORCH_CHECK_NOT_IMPLEMENTED(known && (!complex || r <= c10d::ReduceOp::AVG) &&
+                                  fg::reducible(ours, library_dtype(t).first),
+                              "fastgather: ", op, ": ReduceOp.", kNames[r], " of ", st,
+                              " is not supported (sum, product, min and max take every real dtype; avg floating "
+                              "ones and complex; band, bor and bxor integers and bool; complex: sum and avg)");
+  return ours;
 }
 
 // Once the requests are done: the user's tensor gets the contiguous buffer's bytes.
@@ -218,33 +230,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::barrier(const c10d::Barri
   return submit(work);
 }
 
-// Sums (fg::all_reduce, fg::reduce_scatter): every element summed in
+// Reductions (fg::all_reduce, fg::reduce_scatter): every element reduced in
 // group-rank order, the same bits on every rank.
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& t = tensors[0];
-  check_sum("all_reduce", t, "the tensor", opts.reduceOp);
+  const fg::ReduceOp red = check_reduce("all_reduce", t, "the tensor", opts.reduceOp);
   auto work = make_work(c10d::OpType::ALLREDUCE, tensors);
   at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
   if (!buf.is_same(t)) chain_copy(*work, t, buf);
   work->flight().keep.push_back(buf);
-  start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf)); });
+  start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf), {.op = red}); });
   return submit(work);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                             const c10d::ReduceScatterOptions& opts) {
   constexpr const char* kOp = "reduce_scatter_tensor";
-  check_sum(kOp, input, "the input", opts.reduceOp);
-  check_sum(kOp, output, "the output", opts.reduceOp);
+  const fg::ReduceOp red = check_reduce(kOp, input, "the input", opts.reduceOp);
+  check_reduce(kOp, output, "the output", opts.reduceOp);
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "fastgather: ", kOp, ": the output is ",
                    output.scalar_type(), ", the input ", input.scalar_type());
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "fastgather: ", kOp, ": the input is ",
                     input.scalar_type(), input.sizes(), "; ", size_, " ranks x output ", output.scalar_type(),
                     output.sizes(), " need ", output.numel() * size_, " elements");
   auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
-  add_reduce_scatter(*work, output, input.contiguous());
+  add_reduce_scatter(*work, output, input.contiguous(), red);
   return submit(work);
 }
 
@@ -256,19 +268,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter(std::vecto
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "fastgather: ", kOp,
                     " takes one output and one input list, got ", outputs.size(), " and ", inputs.size());
   at::Tensor& output = outputs[0];
-  check_sum(kOp, output, "the output", opts.reduceOp);
+  const fg::ReduceOp red = check_reduce(kOp, output, "the output", opts.reduceOp);
   TORCH_CHECK_VALUE(static_cast<int>(inputs[0].size()) == size_, "fastgather: ", kOp, " needs ", size_,
                     " input tensors (one per rank of the group), got ", inputs[0].size());
   std::vector<at::Tensor> flat;
   for (const at::Tensor& in : inputs[0]) {
-    check_sum(kOp, in, "an input", opts.reduceOp);
+    check_reduce(kOp, in, "an input", opts.reduceOp);
     TORCH_CHECK_VALUE(in.scalar_type() == output.scalar_type() && in.numel() == output.numel(), "fastgather: ", kOp,
                       ": an input is ", in.scalar_type(), in.sizes(), ", the output ", output.scalar_type(),
                       output.sizes());
     flat.push_back(in.reshape({-1}));
   }
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, outputs);
-  add_reduce_scatter(*work, output, at::cat(flat));
+  add_reduce_scatter(*work, output, at::cat(flat), red);
   return submit(work);
 }
 
@@ -352,12 +364,13 @@ void ProcessGroupFastgather::add_list_gather(FastgatherWork& work, const char* o
 
 // input: contiguous, group.size() chunks of output's size.
 void ProcessGroupFastgather::add_reduce_scatter(FastgatherWork& work, const at::Tensor& output,
-                                                const at::Tensor& input) {
+                                                const at::Tensor& input, fg::ReduceOp red) {
   at::Tensor out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
   if (!out.is_same(output)) chain_copy(work, output, out);
   work.flight().keep.push_back(input);
   work.flight().keep.push_back(out);
-  start(work, group(), [&](fg::Group& g) { return fg::start_reduce_scatter(g, view_of(input), view_of(out)); });
+  start(work, group(),
+        [&](fg::Group& g) { return fg::start_reduce_scatter(g, view_of(input), view_of(out), {.op = red}); });
 }
 
 }  // namespace fastgather_torch

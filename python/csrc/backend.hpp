@@ -86,7 +86,7 @@ class ProcessGroupFastgather : public c10d::Backend {
   void check_list_gather(const char* op, const std::vector<at::Tensor>& outputs, const at::Tensor& input) const;
   void add_list_gather(FastgatherWork& work, const char* op, const std::vector<at::Tensor>& outputs,
                        const at::Tensor& input);
-  void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input);
+  void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input, fg::ReduceOp red);
 
   std::unique_ptr<fg::Communicator> comm_;
   std::string name_;

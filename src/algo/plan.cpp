@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "fastgather/dtype.hpp"
+#include "fastgather/reduce_op.hpp"
 
 namespace fastgather::algo {
 
@@ -272,6 +273,11 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h, con
     s += fmt::format(" with {}={}", call.aux_name, h.aux);
   }
   if (call.op == OpCode::kAllGatherV) s += fmt::format(" with block sizes #{:016x}", h.aux);
+  // A reduction is said where it is not the sum, or where the other's is not.
+  if ((call.op == OpCode::kAllReduce || call.op == OpCode::kReduceScatter) &&
+      (h.aux != 0 || (other != nullptr && other->aux != 0))) {
+    s += fmt::format(" with reduction={}", to_string(static_cast<ReduceOp>(h.aux)));
+  }
   return s;
 }
 

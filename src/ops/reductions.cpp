@@ -17,18 +17,30 @@ namespace fastgather {
 
 namespace {
 
-// What both ops check: data where there are bytes, one summable dtype.
-Status check_sum_args(Group& group, const char* op, const TensorView& input, const TensorView& output) {
+// What both ops check: data where there are bytes, one dtype the reduction serves.
+Status check_reduce_args(Group& group, const char* op, const TensorView& input, const TensorView& output,
+                         ReduceOp reduction) {
   if (Status s = ops::need_data(group, op, "input", input); !s.ok()) return s;
   if (Status s = ops::need_data(group, op, "output", output); !s.ok()) return s;
   if (output.dtype != input.dtype) {
     return ops::invalid(group, op, fmt::format("output is {}, input is {}", dtype_name(output.dtype), dtype_name(input.dtype)));
   }
-  if (!ops::summable(input.dtype)) {
-    return ops::invalid(group, op, fmt::format("{} cannot be summed here (fp32, fp16, bf16, fp64, int32, int64)",
-                                               dtype_name(input.dtype)));
+  if (static_cast<uint8_t>(reduction) > static_cast<uint8_t>(ReduceOp::kBxor)) {
+    return ops::invalid(group, op, fmt::format("reduction {} is none of fastgather::ReduceOp", static_cast<int>(reduction)));
+  }
+  if (!reducible(reduction, input.dtype)) {
+    return {ErrorKind::kUnsupported,
+            fmt::format("{}: {} {} of {} is not served (sum, product, min and max take every dtype; avg fp32, fp16, "
+                        "bf16 and fp64; band, bor and bxor the integers and bool)",
+                        group.describe(), op, to_string(reduction), dtype_name(input.dtype))};
   }
   return Status::Ok();
+}
+
+// The reduction a call applies: its header carries it (aux), so members
+// that disagree on it get a mismatch.
+ops::Reduction reduction_of(const Group& group, const algo::GatherCall& call) {
+  return {.op = static_cast<ReduceOp>(call.aux), .dtype = static_cast<DType>(call.dtype), .members = group.size()};
 }
 
 // Across servers, one-shot (asked for, or the members are not as many on
@@ -57,7 +69,7 @@ engine::Task<Status> gather_and_sum(Group& group, algo::GatherCall call, std::by
   std::vector<const std::byte*> srcs(n);
   for (size_t m = 0; m < n; ++m) srcs[m] = landing(static_cast<int>(m)) + first;
   if (const size_t len = scatter ? bytes / n : bytes; len != 0) {
-    ops::sum(static_cast<DType>(call.dtype), out, srcs.data(), static_cast<int>(n), len);
+    reduction_of(group, call).apply(out, srcs.data(), static_cast<int>(n), len);
   }
   co_return Status::Ok();
 }
@@ -67,12 +79,12 @@ engine::Task<Status> gather_and_sum(Group& group, algo::GatherCall call, std::by
 engine::Task<Status> sum_across(Group& group, algo::GatherCall call, const algo::CallPlan& plan, std::byte* out,
                                 CallStats* stats) {
   Group::Impl& i = *impl_of(group);
-  const DType dtype = static_cast<DType>(call.dtype);
-  auto partial = [dtype](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
-    ops::sum_partial(dtype, dst, srcs, n, bytes);
+  const ops::Reduction r = reduction_of(group, call);
+  auto partial = [&r](std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
+    r.partial(dst, srcs, n, bytes);
   };
-  auto of_partials = [dtype, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
-    ops::sum_partials(dtype, out + offset, srcs, n, bytes);
+  auto of_partials = [&r, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
+    r.of_partials(out + offset, srcs, n, bytes);
   };
   algo::GatherStats st;
   call.stats = &st;
@@ -80,7 +92,7 @@ engine::Task<Status> sum_across(Group& group, algo::GatherCall call, const algo:
                                      algo::sum_across(*i.channel, *i.net, i.shape.topo, call, plan, out,
                                                       {.partial = partial,
                                                        .of_partials = of_partials,
-                                                       .widen = ops::widening(dtype),
+                                                       .widen = r.widening(),
                                                        .work = &i.sum_work}),
                                      st);
   if (stats != nullptr) {
@@ -99,9 +111,9 @@ engine::Task<Status> run_reduce(Group& group, algo::GatherCall call, std::byte* 
   const algo::CallPlan plan = ops::plan_for(group, call);
   if (i.net != nullptr && plan.gathers_inputs) co_return co_await gather_and_sum(group, call, out, stats);
   if (i.net != nullptr) co_return co_await sum_across(group, call, plan, out, stats);
-  const DType dtype = static_cast<DType>(call.dtype);
-  auto sum = [dtype, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
-    ops::sum(dtype, out + offset, srcs, n, bytes);
+  const ops::Reduction r = reduction_of(group, call);
+  auto sum = [&r, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
+    r.apply(out + offset, srcs, n, bytes);
   };
   const auto t0 = stats != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   Status s = co_await algo::reduce(*i.channel, call, plan, out, sum);
@@ -123,13 +135,15 @@ algo::GatherCall reduce_call(algo::OpCode op, const TensorView& input, const Red
   call.bytes = input.nbytes();
   call.align = dtype_size(input.dtype);
   call.schedule = options.schedule;
+  call.aux = static_cast<uint64_t>(options.op);
+  call.aux_name = "reduction";
   return call;
 }
 
 engine::Task<Status> reduce_scatter_op(Group& group, const TensorView& input, const TensorView& output,
                                        ReduceOptions options) {
   constexpr const char* kOp = "reduce_scatter";
-  if (Status s = check_sum_args(group, kOp, input, output); !s.ok()) co_return s;
+  if (Status s = check_reduce_args(group, kOp, input, output, options.op); !s.ok()) co_return s;
   const size_t n = static_cast<size_t>(group.size());
   const size_t chunk = output.nbytes();
   if (input.nbytes() != chunk * n) {
@@ -146,7 +160,7 @@ engine::Task<Status> reduce_scatter_op(Group& group, const TensorView& input, co
 
 engine::Task<Status> all_reduce_op(Group& group, const TensorView& input, const TensorView& output, ReduceOptions options) {
   constexpr const char* kOp = "all_reduce";
-  if (Status s = check_sum_args(group, kOp, input, output); !s.ok()) co_return s;
+  if (Status s = check_reduce_args(group, kOp, input, output, options.op); !s.ok()) co_return s;
   if (output.nbytes() != input.nbytes()) {
     co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes, input {} holds {}", output.describe(),
                                                    output.nbytes(), input.describe(), input.nbytes()));

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/convert.hpp"
 
@@ -132,7 +133,154 @@ void sum_narrowed(DType dtype, uint16_t* dst, const std::byte* const* s, int n, 
 
 bool half(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
 
+// The element-wise step of each reduction but the sum (whose loops are above).
+template <typename T>
+T combine(ReduceOp op, T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case ReduceOp::kProduct: return a * b;
+      case ReduceOp::kMin: return (a < b || a != a) ? a : b;  // NaN wins
+      case ReduceOp::kMax: return (a > b || a != a) ? a : b;
+      default: return a + b;
+    }
+  } else {
+    using U = std::make_unsigned_t<T>;  // sums and products wrap
+    switch (op) {
+      case ReduceOp::kProduct: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      case ReduceOp::kMin: return a < b ? a : b;
+      case ReduceOp::kMax: return a > b ? a : b;
+      case ReduceOp::kBand: return a & b;
+      case ReduceOp::kBor: return a | b;
+      case ReduceOp::kBxor: return a ^ b;
+      default: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    }
+  }
+}
+
+// dst = srcs[0] op ... op srcs[n-1], one op per call of the loop (the
+// compiler vectorises the switch out of each instantiation's inner loop).
+template <typename T>
+FG_VECTOR_CLONES void fold_plain(ReduceOp op, T* dst, const std::byte* const* s, int n, size_t count) {
+  T acc[kBlock];
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t m = std::min(kBlock, count - at);
+    std::memcpy(acc, as<T>(s[0]) + at, m * sizeof(T));
+    for (int j = 1; j < n; ++j) {
+      const T* c = as<T>(s[j]) + at;
+      switch (op) {
+        case ReduceOp::kProduct: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kProduct, acc[i], c[i]); break;
+        case ReduceOp::kMin: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kMin, acc[i], c[i]); break;
+        case ReduceOp::kMax: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kMax, acc[i], c[i]); break;
+        case ReduceOp::kBand: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kBand, acc[i], c[i]); break;
+        case ReduceOp::kBor: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kBor, acc[i], c[i]); break;
+        case ReduceOp::kBxor: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kBxor, acc[i], c[i]); break;
+        default: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kSum, acc[i], c[i]); break;
+      }
+    }
+    std::memcpy(dst + at, acc, m * sizeof(T));
+  }
+}
+
+// Where the sources are fp16/bf16 (`wide`: fp32 partials instead) and the
+// result fp32 (`narrow`: rounded once to the dtype), combined in fp32 and,
+// with `divide`, divided by it at the end.
+void fold_half(ReduceOp op, DType dtype, std::byte* dst, const std::byte* const* s, int n, size_t count, bool wide,
+               bool narrow, float divide) {
+  float acc[kBlock], next[kBlock];
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t m = std::min(kBlock, count - at);
+    auto load = [&](int j, float* out) {
+      if (wide) std::memcpy(out, as<float>(s[j]) + at, m * sizeof(float));
+      else to_float(dtype, as<uint16_t>(s[j]) + at, out, m);
+    };
+    load(0, acc);
+    for (int j = 1; j < n; ++j) {
+      load(j, next);
+      if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
+        add_f32(acc, next, m);
+      } else {
+        for (size_t i = 0; i < m; ++i) acc[i] = combine(op, acc[i], next[i]);
+      }
+    }
+    if (divide != 0) {
+      for (size_t i = 0; i < m; ++i) acc[i] /= divide;
+    }
+    if (narrow) from_float(dtype, acc, reinterpret_cast<uint16_t*>(dst) + at, m);
+    else std::memcpy(reinterpret_cast<float*>(dst) + at, acc, m * sizeof(float));
+  }
+}
+
+// bool: "or" for sum and max, "and" for product and min (inputs are 0 or 1).
+ReduceOp on_bool(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kMax: return ReduceOp::kBor;
+    case ReduceOp::kProduct: case ReduceOp::kMin: return ReduceOp::kBand;
+    default: return op;
+  }
+}
+
+void fold(ReduceOp op, DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) {
+  switch (dtype) {
+    case DType::kF32: return fold_plain<float>(op, reinterpret_cast<float*>(dst), srcs, n, bytes / 4);
+    case DType::kF64: return fold_plain<double>(op, reinterpret_cast<double*>(dst), srcs, n, bytes / 8);
+    case DType::kF16: case DType::kBF16: return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, true, 0);
+    case DType::kI8: return fold_plain<int8_t>(op, reinterpret_cast<int8_t*>(dst), srcs, n, bytes);
+    case DType::kU8: return fold_plain<uint8_t>(op, reinterpret_cast<uint8_t*>(dst), srcs, n, bytes);
+    case DType::kBool: return fold_plain<uint8_t>(on_bool(op), reinterpret_cast<uint8_t*>(dst), srcs, n, bytes);
+    case DType::kI16: return fold_plain<int16_t>(op, reinterpret_cast<int16_t*>(dst), srcs, n, bytes / 2);
+    case DType::kI32: return fold_plain<int32_t>(op, reinterpret_cast<int32_t*>(dst), srcs, n, bytes / 4);
+    case DType::kI64: return fold_plain<int64_t>(op, reinterpret_cast<int64_t*>(dst), srcs, n, bytes / 8);
+  }
+}
+
+template <typename T>
+void divide_by(std::byte* dst, size_t count, int members) {
+  T* d = reinterpret_cast<T*>(dst);
+  const T by = static_cast<T>(members);
+  for (size_t i = 0; i < count; ++i) d[i] /= by;
+}
+
+// The sum's own loops (vectorised by hand) serve fp32, fp16, bf16, fp64, int32, int64.
+bool fast_sum(DType dtype) { return summable(dtype); }
+
+// A partial of fp16/bf16 is fp32 where the reduction rounds (sum, avg, product).
+bool widened(ReduceOp op, DType dtype) {
+  return half(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kProduct);
+}
+
 }  // namespace
+
+void Reduction::apply(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const {
+  if (op == ReduceOp::kSum && fast_sum(dtype)) return sum(dtype, dst, srcs, n, bytes);
+  if (op == ReduceOp::kAvg) {
+    if (half(dtype)) return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, true, static_cast<float>(members));
+    sum(dtype, dst, srcs, n, bytes);
+    if (dtype == DType::kF64) return divide_by<double>(dst, bytes / 8, members);
+    return divide_by<float>(dst, bytes / 4, members);
+  }
+  if (n == 1) {
+    if (dst != srcs[0]) std::memmove(dst, srcs[0], bytes);
+    return;
+  }
+  fold(op, dtype, dst, srcs, n, bytes);
+}
+
+size_t Reduction::widening() const { return widened(op, dtype) ? 2 : 1; }
+
+void Reduction::partial(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const {
+  if (widened(op, dtype)) return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, false, 0);
+  Reduction r = *this;
+  if (op == ReduceOp::kAvg) r.op = ReduceOp::kSum;  // divided once, at the end
+  r.apply(dst, srcs, n, bytes);
+}
+
+void Reduction::of_partials(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const {
+  if (widened(op, dtype)) {
+    return fold_half(op, dtype, dst, srcs, n, bytes / 2, true, true,
+                     op == ReduceOp::kAvg ? static_cast<float>(members) : 0.0f);
+  }
+  apply(dst, srcs, n, bytes);  // kAvg: the partials' sum, divided by the members
+}
 
 size_t widening(DType dtype) { return half(dtype) ? 2 : 1; }
 

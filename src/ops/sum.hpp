@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "fastgather/dtype.hpp"
+#include "fastgather/reduce_op.hpp"
 
 namespace fastgather::ops {
 
@@ -25,5 +26,28 @@ size_t widening(DType dtype);
 void sum_partial(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes);
 // dst (the dtype) = partials srcs[0] + ... + srcs[n-1], rounded once.
 void sum_partials(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes);
+
+// Every reduction of reduce_scatter and all_reduce (fastgather/reduce_op.hpp),
+// as the schedules' Sum callbacks apply it: sources combined in the order
+// given (member order), element by element, so every member gets the same
+// bits. fp16/bf16 are combined in fp32 and rounded once (min and max pick
+// an input, exactly); integers wrap; bool: sum and max are "or", product and
+// min "and". kAvg is the sum divided by `members` (the group's size), once.
+struct Reduction {
+  ReduceOp op = ReduceOp::kSum;
+  DType dtype = DType::kF32;
+  int members = 1;
+
+  // dst = the result of srcs[0..n) (dst may be one of them; n >= 1).
+  void apply(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const;
+  // In two parts (across servers), with the bits of one: partial() combines
+  // sources into a partial result (fp32 for fp16/bf16 sums, averages and
+  // products: widening() times their bytes; the dtype otherwise);
+  // of_partials() combines partials into the result. `bytes` is in the
+  // dtype's bytes for both.
+  size_t widening() const;
+  void partial(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const;
+  void of_partials(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const;
+};
 
 }  // namespace fastgather::ops

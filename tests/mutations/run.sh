@@ -110,6 +110,10 @@ MUTATIONS=(
   "the progress thread runs completion callbacks itself|src/engine/progress.cpp|s/for \(auto& f : ready\) completions\.post\(std::move\(f\)\);/for (auto\& f : ready) f();/|test_engine|Progress.ACallbackStartsARequestAndWaitsForItsCompletion"
   "one completion thread runs every callback in turn|src/engine/progress.cpp|s/if \(static_cast<int>\(st_->work\.size\(\)\) > st_->idle && st_->threads < kMaxThreads\)/if (st_->threads < 1)/|test_engine|Progress.ACallbackStartsARequestAndWaitsForItsCompletion"
   "the progress thread never drives a request its owner left|src/engine/progress.hpp|s/static constexpr auto kGrace = std::chrono::microseconds\(500\);/static constexpr auto kGrace = std::chrono::hours(1);/|test_engine|Progress.DrivesARequestItsOwnerLeft"
+  "max reduces as min|src/ops/sum.cpp|s/case ReduceOp::kMax: return \(a > b /case ReduceOp::kMax: return (a < b /|test_reductions|Reductions.EveryReductionEveryDtypeWithinAServer"
+  "a bool sum adds instead of or-ing|src/ops/sum.cpp|s/case ReduceOp::kSum: case ReduceOp::kMax: return ReduceOp::kBor;/case ReduceOp::kMax: return ReduceOp::kBor;/|test_reductions|Reductions.EveryReductionEveryDtypeWithinAServer"
+  "across servers each server's partial average is divided too|src/ops/sum.cpp|s/  if \(op == ReduceOp::kAvg\) r\.op = ReduceOp::kSum;  \/\/ divided once, at the end\n//|test_reductions|Reductions.EveryReductionEveryDtypeAcrossServers"
+  "the reduction is left out of the call's header|src/ops/reductions.cpp|s/call\.aux = static_cast<uint64_t>\(options\.op\);/call.aux = 0;/|test_reductions|Reductions.DisagreementIsAMismatchAndUnservedReductionsAreRefused"
   "a mismatch names the peers in the order the waits took them|src/algo/allgather.cpp|s/std::sort\(differ\.begin\(\), differ\.end\(\)\);//|test_faults|Mismatch.TheFirstDisagreeingPeerDoesNotDependOnWhereRanksRun"
 )
 

@@ -59,6 +59,11 @@ def test_fused_matmul_reduce_scatter_against_float64_and_compiled(world, tp, dp)
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_every_reduction_and_dtype_matches_the_reference_and_gloo(world):
+    run_ranks(world, "reductions")
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_all_gather_of_uneven_tensors(world):
     run_ranks(world, "uneven")
 

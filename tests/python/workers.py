@@ -173,13 +173,81 @@ def sums(rank, world, tp, dp):
     check(same_bytes(base.contiguous(), summed([pattern(r, torch.float32, (6, 10)).t() for r in ranks], torch.float32).contiguous()),
           "non-contiguous all_reduce")
     # What it does not serve says so, and the group goes on.
-    raises("all_reduce MAX", ValueError, lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX, group=fg))
-    raises("all_reduce of uint8", TypeError, lambda: dist.all_reduce(torch.ones(3, dtype=torch.uint8), group=fg))
+    raises("all_reduce AVG of int32", NotImplementedError,
+           lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG, group=fg))
+    raises("all_reduce BAND of float", NotImplementedError,
+           lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND, group=fg))
     raises("reduce_scatter_tensor of the wrong size", ValueError,
            lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.empty(3 * n + 1), group=fg))
     z = torch.full((5,), float(rank + 1))
     dist.all_reduce(z, group=fg)
     check(z[0].item() == sum(r + 1 for r in ranks), f"after the refusals: {z}")
+
+
+REDUCTIONS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+
+
+def reference(name, xs, n):
+    """The reduction of xs (one tensor per rank, in rank order) as fastgather makes it: folded in
+    rank order, fp16/bf16 in fp32 rounded once, integers wrapping, bool or/and, AVG the sum / n."""
+    dtype = xs[0].dtype
+    if dtype == torch.bool:
+        name = {"SUM": "BOR", "MAX": "BOR", "PRODUCT": "BAND", "MIN": "BAND"}.get(name, name)
+    wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc = xs[0].to(wide)
+    for x in xs[1:]:
+        x = x.to(wide)
+        acc = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
+               "MAX": torch.maximum, "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+               "BXOR": torch.bitwise_xor}[name](acc, x)
+    if name == "AVG":
+        acc = acc / n
+    return acc.to(dtype)
+
+
+def reductions(rank, world):
+    """Every reduction torch names but PREMUL_SUM, for every dtype fastgather serves it for,
+    all_reduce and reduce_scatter_tensor: the bits of the reference on every rank, and gloo's
+    answer where gloo gives one (exact but for float sums and products, whose order gloo picks)."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    gl = dist.new_group(list(range(world)), backend="gloo")
+    served = {"SUM": DTYPES, "PRODUCT": DTYPES, "MIN": DTYPES, "MAX": DTYPES,
+              "AVG": [torch.float32, torch.float16, torch.bfloat16, torch.float64],
+              "BAND": [d for d in DTYPES if not d.is_floating_point]}
+    served["BOR"] = served["BXOR"] = served["BAND"]
+    compared = 0
+    for name in REDUCTIONS:
+        op = getattr(dist.ReduceOp, name)
+        for dtype in served[name]:
+            for count in (7, 40001):
+                xs = [pattern(r, dtype, (count,), salt=count) for r in range(world)]
+                want = reference(name, xs, world)
+                y = xs[rank].clone()
+                dist.all_reduce(y, op=op, group=fg)
+                check(same_bytes(y, want), f"all_reduce {name} {dtype} {count}: {y[:4]} want {want[:4]}")
+                theirs = gloo_or_none(lambda: (lambda t: (dist.all_reduce(t, op=op, group=gl), t)[1])(xs[rank].clone()))
+                if theirs is not None:
+                    compared += 1
+                    exact = not dtype.is_floating_point or name in ("MIN", "MAX")
+                    if dtype == torch.bool:
+                        check(torch.equal(theirs.view(torch.uint8) != 0, y), f"gloo's {name} of bool differs")
+                    elif exact:
+                        check(same_bytes(theirs, y), f"gloo's all_reduce {name} {dtype} differs")
+                    else:
+                        # gloo rounds fp16/bf16 at every step: near the largest fp16 one of
+                        # the two may overflow where the other does not.
+                        a, b = theirs.double(), y.double()
+                        both = a.isfinite() & b.isfinite()
+                        check(torch.allclose(a[both], b[both], rtol=1e-2, atol=1e-3),
+                              f"gloo's all_reduce {name} {dtype} is off by {(a[both] - b[both]).abs().max()}")
+                # reduce_scatter_tensor: rank r gets chunk r.
+                big = [pattern(r, dtype, (count * world,), salt=count + 1) for r in range(world)]
+                out = torch.empty(count, dtype=dtype)
+                dist.reduce_scatter_tensor(out, big[rank], op=op, group=fg)
+                chunk = [b[rank * count:(rank + 1) * count] for b in big]
+                check(same_bytes(out, reference(name, chunk, world)), f"reduce_scatter_tensor {name} {dtype} {count}")
+    check(compared > 0, "gloo answered none of the reductions")
+    dist.barrier(group=fg)
 
 
 def uneven(rank, world):
