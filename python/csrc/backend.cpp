@@ -13,8 +13,9 @@ namespace {
 
 constexpr const char* kOnlyThese =
     "fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced, "
-    "all_gather_into_tensor_coalesced, all_reduce, reduce_scatter and reduce_scatter_tensor (sum, avg, "
-    "product, min, max, band, bor, bxor), broadcast and barrier; for other ops keep a gloo world "
+    "all_gather_into_tensor_coalesced, all_reduce, all_reduce_coalesced, reduce_scatter, reduce_scatter_tensor "
+    "and its coalesced form (sum, avg, product, min, max, band, bor, bxor), broadcast and barrier; for other ops "
+    "keep a gloo world "
     "(init_process_group(\"gloo\", ...)) and make the groups that gather and reduce with "
     "dist.new_group(ranks, backend=\"fastgather\")";
 
@@ -245,16 +246,51 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce(std::vector<at:
   return submit(work);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                                            const c10d::ReduceScatterOptions& opts) {
-  constexpr const char* kOp = "reduce_scatter_tensor";
-  const fg::ReduceOp red = check_reduce(kOp, input, "the input", opts.reduceOp);
-  check_reduce(kOp, output, "the output", opts.reduceOp);
-  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "fastgather: ", kOp, ": the output is ",
+// One library request per tensor under one Work (torch's coalescing
+// manager, all_reduce_coalesced); every tensor checked before the first starts.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                           const c10d::AllreduceCoalescedOptions& opts) {
+  constexpr const char* kOp = "all_reduce_coalesced";
+  fg::ReduceOp red = fg::ReduceOp::kSum;
+  for (const at::Tensor& t : tensors) red = check_reduce(kOp, t, "a tensor", opts.reduceOp);
+  auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, tensors);
+  for (at::Tensor& t : tensors) {
+    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+    if (!buf.is_same(t)) chain_copy(*work, t, buf);
+    work->flight().keep.push_back(buf);
+    start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf), {.op = red}); });
+  }
+  return submit(work);
+}
+
+// DTensor's Partial -> Shard and sequence parallelism reach reduce_scatter_tensor this way.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* kOp = "reduce_scatter_tensor_coalesced";
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastgather: ", kOp, ": ", inputs.size(), " inputs but ",
+                    outputs.size(), " outputs");
+  fg::ReduceOp red = fg::ReduceOp::kSum;
+  for (size_t i = 0; i < inputs.size(); ++i) red = check_reduce_scatter(kOp, outputs[i], inputs[i], opts.reduceOp);
+  auto work = make_work(c10d::OpType::COALESCED, outputs);
+  for (size_t i = 0; i < inputs.size(); ++i) add_reduce_scatter(*work, outputs[i], inputs[i].contiguous(), red);
+  return submit(work);
+}
+
+fg::ReduceOp ProcessGroupFastgather::check_reduce_scatter(const char* op, const at::Tensor& output,
+                                                          const at::Tensor& input, const c10d::ReduceOp& reduce_op) const {
+  const fg::ReduceOp red = check_reduce(op, input, "the input", reduce_op);
+  check_reduce(op, output, "the output", reduce_op);
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "fastgather: ", op, ": the output is ",
                    output.scalar_type(), ", the input ", input.scalar_type());
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "fastgather: ", kOp, ": the input is ",
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "fastgather: ", op, ": the input is ",
                     input.scalar_type(), input.sizes(), "; ", size_, " ranks x output ", output.scalar_type(),
                     output.sizes(), " need ", output.numel() * size_, " elements");
+  return red;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                            const c10d::ReduceScatterOptions& opts) {
+  const fg::ReduceOp red = check_reduce_scatter("reduce_scatter_tensor", output, input, opts.reduceOp);
   auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
   add_reduce_scatter(*work, output, input.contiguous(), red);
   return submit(work);
@@ -290,15 +326,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter(std::vecto
                     std::string("fastgather: ") + name + " is not supported by this backend. " + kOnlyThese); \
   }
 FG_UNSUPPORTED(allreduce_sparse, "allreduce_sparse", std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
-FG_UNSUPPORTED(allreduce_coalesced, "allreduce_coalesced", std::vector<at::Tensor>&,
-               const c10d::AllreduceCoalescedOptions&)
 FG_UNSUPPORTED(reduce, "reduce", std::vector<at::Tensor>&, const c10d::ReduceOptions&)
 FG_UNSUPPORTED(gather, "gather", std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
                const c10d::GatherOptions&)
 FG_UNSUPPORTED(scatter, "scatter", std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&,
                const c10d::ScatterOptions&)
-FG_UNSUPPORTED(reduce_scatter_tensor_coalesced, "reduce_scatter_tensor_coalesced", std::vector<at::Tensor>&,
-               std::vector<at::Tensor>&, const c10d::ReduceScatterOptions&)
 FG_UNSUPPORTED(alltoall_base, "all_to_all_single", at::Tensor&, at::Tensor&, std::vector<int64_t>&,
                std::vector<int64_t>&, const c10d::AllToAllOptions&)
 FG_UNSUPPORTED(alltoall, "all_to_all", std::vector<at::Tensor>&, std::vector<at::Tensor>&, const c10d::AllToAllOptions&)

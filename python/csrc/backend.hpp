@@ -49,6 +49,11 @@ class ProcessGroupFastgather : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -57,12 +62,9 @@ class ProcessGroupFastgather : public c10d::Backend {
 
 #define FG_UNSUPPORTED(op, ...) c10::intrusive_ptr<c10d::Work> op(__VA_ARGS__) override;
   FG_UNSUPPORTED(allreduce_sparse, std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
-  FG_UNSUPPORTED(allreduce_coalesced, std::vector<at::Tensor>&, const c10d::AllreduceCoalescedOptions&)
   FG_UNSUPPORTED(reduce, std::vector<at::Tensor>&, const c10d::ReduceOptions&)
   FG_UNSUPPORTED(gather, std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&, const c10d::GatherOptions&)
   FG_UNSUPPORTED(scatter, std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&, const c10d::ScatterOptions&)
-  FG_UNSUPPORTED(reduce_scatter_tensor_coalesced, std::vector<at::Tensor>&, std::vector<at::Tensor>&,
-                 const c10d::ReduceScatterOptions&)
   FG_UNSUPPORTED(alltoall_base, at::Tensor&, at::Tensor&, std::vector<int64_t>&, std::vector<int64_t>&,
                  const c10d::AllToAllOptions&)
   FG_UNSUPPORTED(alltoall, std::vector<at::Tensor>&, std::vector<at::Tensor>&, const c10d::AllToAllOptions&)
@@ -86,6 +88,9 @@ class ProcessGroupFastgather : public c10d::Backend {
   void check_list_gather(const char* op, const std::vector<at::Tensor>& outputs, const at::Tensor& input) const;
   void add_list_gather(FastgatherWork& work, const char* op, const std::vector<at::Tensor>& outputs,
                        const at::Tensor& input);
+  // The reduction, once input and output are checked against each other.
+  fg::ReduceOp check_reduce_scatter(const char* op, const at::Tensor& output, const at::Tensor& input,
+                                    const c10d::ReduceOp& reduce_op) const;
   void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input, fg::ReduceOp red);
 
   std::unique_ptr<fg::Communicator> comm_;

@@ -699,6 +699,35 @@ def coalesced(rank, world):
     got = got.wait() if hasattr(got, "wait") else got
     check(same_bytes(torch.as_tensor(got), torch.cat([pattern(r, dtypes[3], (64, 33), salt=3) for r in range(world)], dim=1)),
           "funcol.all_gather_tensor along dim 1")
+    # Reductions coalesced: all_reduce and reduce_scatter_tensor under the coalescing manager
+    # (allreduce_coalesced, reduce_scatter_tensor_coalesced: DTensor's Partial -> Shard), and the
+    # functional reduce_scatter_tensor_coalesced, against the reductions one at a time.
+    ys = [pattern(rank, torch.float32, s, salt=10 + i) for i, s in enumerate(shapes)]
+    alone = [y.clone() for y in ys]
+    for a in alone:
+        dist.all_reduce(a, op=dist.ReduceOp.MAX, group=fg)
+    together = [y.clone() for y in ys]
+    with dist._coalescing_manager(group=fg, async_ops=True) as cm:
+        for t in together:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=fg)
+    cm.wait()
+    check(all(same_bytes(a, t) for a, t in zip(alone, together)), "all_reduce MAX under the coalescing manager")
+    bigs = [pattern(rank, torch.float32, (world * 6, 4), salt=20 + i) for i in range(3)]
+    alone = [torch.empty(6, 4) for _ in bigs]
+    for o, b in zip(alone, bigs):
+        dist.reduce_scatter_tensor(o, b, op=dist.ReduceOp.AVG, group=fg)
+    together = [torch.empty(6, 4) for _ in bigs]
+    with dist._coalescing_manager(group=fg, async_ops=True) as cm:
+        for o, b in zip(together, bigs):
+            dist.reduce_scatter_tensor(o, b, op=dist.ReduceOp.AVG, group=fg)
+    cm.wait()
+    check(all(same_bytes(a, t) for a, t in zip(alone, together)), "reduce_scatter_tensor AVG under the coalescing manager")
+    got = funcol.reduce_scatter_tensor_coalesced(bigs, "sum", [0, 0, 0], group=fg)
+    sums = [torch.empty(6, 4) for _ in bigs]
+    for o, b in zip(sums, bigs):
+        dist.reduce_scatter_tensor(o, b, group=fg)
+    check(all(same_bytes(torch.as_tensor(g.wait() if hasattr(g, "wait") else g), w) for g, w in zip(got, sums)),
+          "funcol.reduce_scatter_tensor_coalesced")
     dist.barrier(group=fg)
 
 
