@@ -118,6 +118,11 @@ def test_future_callbacks_that_run_collectives_finish(world):
     run_ranks(world, "future_callbacks", timeout=90)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_defaults_and_clip_grad_norm_inf_match_gloo(world):
+    run_ranks(world, "fsdp2", timeout=180)
+
+
 def test_ddp_powersgd_hook_matches_gloo():
     run_ranks(2, "powersgd", timeout=120)
 

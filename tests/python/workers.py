@@ -250,6 +250,40 @@ def reductions(rank, world):
     dist.barrier(group=fg)
 
 
+def fsdp2(rank, world):
+    """FSDP2 with its defaults (reduce_scatter_tensor with AVG, all_gather_into_tensor) and
+    clip_grad_norm_(inf) (an all_reduce MAX of DTensors) for 3 steps, on a mesh of a fastgather
+    group and of a gloo group: the same parameters (bit for bit with 2 ranks, whose sums have one
+    order; else within rounding)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    def train(group):
+        mesh = DeviceMesh.from_group(group, "cpu")
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        norms = []
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 32, generator=g)).square().mean().backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type=float("inf")).full_tensor())
+            opt.step()
+        return [p.full_tensor() for p in model.parameters()] + norms
+
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    gl = dist.new_group(list(range(world)), backend="gloo")
+    ours, theirs = train(fg), train(gl)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        check(torch.equal(a, b) if world == 2 else torch.allclose(a, b, rtol=1e-5, atol=1e-6),
+              f"tensor {i}: fastgather and gloo differ by {(a - b).abs().max().item()}")
+
+
 def uneven(rank, world):
     """all_gather with tensors of different sizes per rank (some empty), every dtype, and a mismatch."""
     fg = dist.new_group(list(range(world)), backend="fastgather")
