@@ -120,6 +120,16 @@ std::vector<std::string> algo_violations(const fs::path& root = FG_SOURCE_DIR) {
   return bad;
 }
 
+// A copy of src/ under a fresh temporary root, for a probe: not the tree
+// itself, which another test may be scanning at the same time (ctest -j).
+fs::path copy_of_src(const std::string& prefix) {
+  const fs::path root = fs::temp_directory_path() / (prefix + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  fs::copy(fs::path(FG_SOURCE_DIR) / "src", root / "src", fs::copy_options::recursive);
+  return root;
+}
+
 }  // namespace
 
 TEST(Layers, NothingInAlgoIncludesUpward) {
@@ -132,10 +142,7 @@ TEST(Layers, NothingInAlgoIncludesUpward) {
 // The same check fails on a copy where the plan reaches into a schedule
 // across servers, and on a file it does not know.
 TEST(Layers, TheAlgoCheckCatchesAnIncludeThatGoesUp) {
-  const fs::path root = fs::temp_directory_path() / ("fg_algo_layers_" + std::to_string(::getpid()));
-  fs::remove_all(root);
-  fs::create_directories(root / "src");
-  fs::copy(fs::path(FG_SOURCE_DIR) / "src" / "algo", root / "src" / "algo", fs::copy_options::recursive);
+  const fs::path root = copy_of_src("fg_algo_layers_");
   { std::ofstream(root / "src" / "algo" / "plan.cpp", std::ios::app) << "#include \"algo/reduce_net.hpp\"\n"; }
   { std::ofstream(root / "src" / "algo" / "zz_probe.hpp") << "\n"; }
   const auto bad = algo_violations(root);
@@ -155,14 +162,10 @@ TEST(Layers, EachFolderIncludesOnlyWhatIsBelowIt) {
   EXPECT_TRUE(bad.empty()) << "includes that go up or sideways:" << all;
 }
 
-// The check itself must be able to fail: a file that reaches up is caught.
-// The probe goes into a copy of src/, not the tree itself, which the test
-// above may be scanning at the same time (ctest -j).
+// The check itself must be able to fail: a file that reaches up is caught
+// (in a copy of src/).
 TEST(Layers, TheCheckCatchesAnIncludeThatGoesUp) {
-  const fs::path root = fs::temp_directory_path() / ("fg_layers_" + std::to_string(::getpid()));
-  fs::remove_all(root);
-  fs::create_directories(root);
-  fs::copy(fs::path(FG_SOURCE_DIR) / "src", root / "src", fs::copy_options::recursive);
+  const fs::path root = copy_of_src("fg_layers_");
   const fs::path probe = root / "src" / "transport" / "zz_layer_probe.hpp";
   { std::ofstream(probe) << "#include \"core/group_impl.hpp\"\n#include \"fastgather/ops.hpp\"\n"; }
   // And a definition in the wrong layer: core implementing base's status.

@@ -48,12 +48,12 @@ def median_slowest(fn, iters, group):
     return statistics.median(torch.stack(every).max(dim=0).values.tolist())
 
 
-def rank_main(rank, world, port, q):
+def rank_main(rank, world, port, q, backends):
     import fastgather
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     results = {}
-    for backend in ["gloo", "fastgather"]:
+    for backend in backends:
         g = dist.new_group(list(range(world)), backend=backend)
         for m in MS:
             iters = max(10, 400 // max(1, m // 16))
@@ -122,10 +122,13 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--fg-bench", default="", help="fg-bench binary for the C++ column")
+    ap.add_argument("--backends", default="gloo,fastgather",
+                    help="which to run (fastgather alone: its rows, e.g. to compare two builds in interleaved runs)")
     a = ap.parse_args()
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, a.ranks, a.port, q)) for r in range(a.ranks)]
+    backends = a.backends.split(",")
+    procs = [ctx.Process(target=rank_main, args=(r, a.ranks, a.port, q, backends)) for r in range(a.ranks)]
     for p in procs:
         p.start()
     res = q.get(timeout=1200)
@@ -133,8 +136,10 @@ def main():
         p.join()
     cxx = fg_bench_medians(a.fg_bench, a.ranks, a.port + 1) if a.fg_bench else {}
 
+    missing = object()  # a backend --backends left out
+
     def us(v):
-        return "unsupported" if v is None else f"{v * 1e6:.1f}"
+        return "-" if v is missing else "unsupported" if v is None else f"{v * 1e6:.1f}"
 
     print(f"torch {torch.__version__}, {a.ranks} ranks, {os.cpu_count()} CPUs; medians (us) of the slowest rank\n")
     print("| per-rank data | gloo all_gather | gloo all_gather_into_tensor | fastgather all_gather | "
@@ -144,23 +149,26 @@ def main():
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def ratio(a, b):
-        return "-" if a is None or b is None else f"{a / b:.1f}x"
+        return f"{a / b:.1f}x" if isinstance(a, float) and isinstance(b, float) else "-"
+
+    def get(*key):
+        return res.get(key, missing)
 
     for m in MS:
         kb = m * HIDDEN * 4 / 1024
         size = f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
-        gt, ft = res[("gloo", "tensor", m)], res[("fastgather", "tensor", m)]
-        gm, fm = res[("gloo", "matmul", m)], res[("fastgather", "matmul", m)]
+        gt, ft = get("gloo", "tensor", m), get("fastgather", "tensor", m)
+        gm, fm = get("gloo", "matmul", m), get("fastgather", "matmul", m)
         c = cxx.get(m)
-        print(f"| {size} | {us(res[('gloo', 'list', m)])} | {us(gt)} | {us(res[('fastgather', 'list', m)])} | {us(ft)} | "
-              f"{us(res[('fastgather', 'symmetric', m)])} | {us(c)} | {'-' if c is None else f'{(ft - c) * 1e6:+.1f}'} | "
+        print(f"| {size} | {us(get('gloo', 'list', m))} | {us(gt)} | {us(get('fastgather', 'list', m))} | {us(ft)} | "
+              f"{us(get('fastgather', 'symmetric', m))} | {us(c)} | {f'{(ft - c) * 1e6:+.1f}' if isinstance(c, float) and isinstance(ft, float) else '-'} | "
               f"{ratio(gt, ft)} | {us(gm)} | {us(fm)} | {ratio(gm, fm)} |")
     kb = MS[0] * HIDDEN * 4 / 1024
     print(f"\nThe tensor form at {kb:g} KB per rank, layer by layer (fastgather; median us of the slowest rank):\n")
     print("| call | median (us) | minus fg-bench C++ private (us) |")
     print("|---|---:|---:|")
     c = cxx.get(MS[0])
-    for name, v in res["layers"]:
+    for name, v in res.get("layers", []):
         print(f"| `{name}` | {us(v)} | {'-' if c is None else f'{(v - c) * 1e6:+.1f}'} |")
 
 
