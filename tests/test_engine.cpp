@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -516,5 +517,36 @@ TEST(Progress, ACallbackStartsARequestAndWaitsForItsCompletion) {
     RANK_OK(comm.finalize());
     RANK_CHECK(late.load() == 11, "after finalize(): callbacks ran as {} (11: both, with Ok)", late.load());
     return c.check(ranks);
+  }, o));
+}
+
+// A request's callback asked for after its communicator is gone (a torch
+// Work dropped after destroy_process_group): it runs, on a thread of its
+// own, never on the caller's, which may hold a lock the callback takes.
+TEST(Progress, ACallbackAskedForAfterTheCommunicatorIsGoneRunsOnAThreadOfItsOwn) {
+  fgtest::JobOptions o;
+  o.hang_limit = std::chrono::seconds(30);  // run on the caller, it would wait for its own lock
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    InFlight f = InFlight::start((*comm)->world(), 5000, 31, false);
+    const std::vector<int> ranks = (*comm)->world().ranks();
+    RANK_OK((*comm)->finalize());
+    comm.value().reset();  // the communicator, its progress thread and completion threads: gone
+    std::mutex held;
+    std::promise<std::thread::id> ran;
+    {
+      std::lock_guard<std::mutex> lock(held);  // what the callback takes: it must not run here
+      f.req.on_complete([&](const Status& s) {
+        std::lock_guard<std::mutex> l(held);
+        ran.set_value(s.ok() ? std::this_thread::get_id() : std::thread::id());
+      });
+    }
+    auto fut = ran.get_future();
+    RANK_CHECK(fut.wait_for(10s) == std::future_status::ready, "the callback never ran");
+    const std::thread::id where = fut.get();
+    RANK_CHECK(where != std::thread::id(), "the callback saw an error");
+    RANK_CHECK(where != std::this_thread::get_id(), "the callback ran on the caller's thread");
+    return f.check(ranks);
   }, o));
 }

@@ -88,8 +88,10 @@ class Request {
   // status) runs on one of the communicator's completion threads: never on
   // a thread that drives requests, so `done` may start requests and wait for
   // them (on their futures, say), and one `done` that blocks holds up no
-  // other. Called again, it adds another. finalize() (or destroy_group, for
-  // the request's group) runs what is still to run before it returns.
+  // other. Called again, it adds another. finalize() runs what is still to
+  // run before it returns (destroy_group starts those of its group); asked
+  // for after finalize(), `done` runs on a thread of its own. Never on the
+  // calling thread, so the caller may hold a lock that `done` takes.
   // A Request that is no collective's (default-constructed): at once, here.
   // Like test()/wait(), called by one thread at a time.
   void on_complete(std::function<void(const Status&)> done);

@@ -142,7 +142,9 @@ struct Communicator::Impl {
   // Drives the requests handed over to it and runs their completion
   // callbacks (Request::on_complete); stopped by finalize(), after the
   // queues are drained.
-  engine::Progress progress;
+  // Shared with the requests, which may outlive the communicator (a torch
+  // Work dropped after destroy_process_group asks for its callback then).
+  std::shared_ptr<engine::Progress> progress = std::make_shared<engine::Progress>();
   std::map<std::vector<int>, int> created;     // how often each member list was built
   int serial = 0;
 
@@ -276,7 +278,7 @@ Status Communicator::Impl::finalize() {
     engine::Queue::Hold hold(impl_of(*g)->queue);
     impl_of(*g)->queue.drain();
   }
-  progress.shutdown();  // the callbacks of what was drained run now
+  progress->shutdown();  // the callbacks of what was drained run now
   Status broken;
   if (aborted.load(std::memory_order_acquire) != 0) {
     broken = {ErrorKind::kAborted, fmt::format("rank {} aborted its communicator", config.rank), config.rank};
@@ -476,7 +478,7 @@ Status Communicator::destroy_group(Group* group) {
     engine::Queue::Hold hold(impl_of(**it)->queue);
     impl_of(**it)->queue.drain();  // what was started on it completes first
   }
-  impl_->progress.forget(&impl_of(**it)->queue);
+  impl_->progress->forget(&impl_of(**it)->queue);
   for (auto& slot : impl_->channels) {
     if (slot.load() == impl_of(**it)->channel.get()) slot.store(nullptr);
   }
@@ -872,7 +874,7 @@ Result<Group*> Communicator::Impl::build_group(std::vector<int> ranks) {
     if (slot.compare_exchange_strong(none, impl->channel.get())) break;
   }
   impl->others = [this] { return progress_others(); };
-  impl->progress = &progress;
+  impl->progress = progress;
   store_lock.unlock();  // groups_mu is never taken under store_mu (see progress_others)
   std::lock_guard<std::mutex> lock(groups_mu);
   groups.push_back(GroupAccess::make(std::move(impl)));

@@ -56,7 +56,7 @@ struct Group::Impl {
   // Started operations, oldest first (engine/driver.hpp).
   engine::Queue queue;
   // The communicator's progress thread and completion threads (engine/progress.hpp).
-  engine::Progress* progress = nullptr;
+  std::shared_ptr<engine::Progress> progress;
   // A hand for the communicator's other groups while this one waits.
   std::function<bool()> others;
 

@@ -70,8 +70,11 @@ Completions::~Completions() { shutdown(); }
 void Completions::post(std::function<void()> fn) {
   std::unique_lock<std::mutex> lk(st_->mu);
   if (st_->stop) {
+    // After shutdown (a request's owner asking for its callback once the
+    // communicator is gone): a thread of its own all the same, never the
+    // caller's, which may hold what the callback takes.
     lk.unlock();
-    run_guarded(fn);
+    std::thread([fn = std::move(fn)]() mutable { run_guarded(fn); }).detach();
     return;
   }
   st_->work.push_back(std::move(fn));

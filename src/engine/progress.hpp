@@ -39,7 +39,8 @@ class Completions {
 
   void post(std::function<void()> fn);
   // Runs what was posted, then joins the threads (a call from one of them
-  // leaves that one to finish on its own). Later posts run on the caller.
+  // leaves that one to finish on its own). A later post runs on a thread of
+  // its own, never on the caller's.
   void shutdown();
 
   struct State;

@@ -19,7 +19,7 @@ namespace fastgather {
 struct Request::State {
   std::shared_ptr<engine::Driver> driver;
   engine::Queue* queue = nullptr;
-  engine::Progress* progress = nullptr;  // the communicator's
+  std::shared_ptr<engine::Progress> progress;  // the communicator's (it may be finalized)
 };
 
 inline engine::Task<Status> fail_with(Status s) { co_return s; }

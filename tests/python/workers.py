@@ -887,6 +887,16 @@ def future_callbacks(rank, world):
         check(torch.equal(y2, torch.full((n,), 2 * world * total)), f"{n}: the sum waited on inside the callback")
         check(torch.equal(z2, torch.full((n,), 2 * world * world * total)), f"{n}: the blocking sum in the callback")
     dist.barrier(group=fg)
+    # Works nobody waited for, their group destroyed: the future still completes (the library runs
+    # its callback on a thread of its own), and a dropped one is settled, nothing hangs.
+    gone = dist.new_group(list(range(world)), backend="fastgather")
+    a, b = torch.full((64,), float(rank + 1)), torch.full((64,), 1.0)
+    wa = dist.all_reduce(a, group=gone, async_op=True)
+    wb = dist.all_reduce(b, group=gone, async_op=True)
+    dist.destroy_process_group(gone)
+    check(torch.equal(wa.get_future().wait()[0], torch.full((64,), total)), "the future of a work of a destroyed group")
+    del wb
+    check(torch.equal(b, torch.full((64,), float(world))), "a dropped work of a destroyed group")
 
 
 def powersgd(rank, world):
