@@ -68,14 +68,17 @@ sanitizers() {
   cmake --build build-asan -j"$(nproc)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j1 -E '^Soak\.|^ContentionTwelveRanks$'
-  phase "TSan build and tests (transport, store)"
+  phase "TSan build and tests (transport, store, the progress thread and completion threads)"
   # These tests never span servers, so they never load UCX (src/transport/ucx_api.hpp),
   # whose memory hooks (UCM) crash under TSan's own interceptors. (When the library
   # linked UCX, they had to be turned off here: UCX_MEM_MALLOC_HOOKS=no.)
   cmake -S . -B build-tsan "${SANITIZED[@]}" -DFG_SANITIZE=thread >/dev/null
-  cmake --build build-tsan -j"$(nproc)" --target test_shm_channel test_tcp_store
+  cmake --build build-tsan -j"$(nproc)" --target test_shm_channel test_tcp_store test_engine
   TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/test_shm_channel
   TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/test_tcp_store
+  # Each rank a process of its own (forked before it starts a thread), its
+  # owner, progress and completion threads racing over the same requests.
+  TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/test_engine --gtest_filter='Progress.*:Requests.ManyInFlightCompleteInOrderWithEveryByte'
 }
 
 # libFuzzer on the store's frame parser and on the parsers of the values

@@ -169,12 +169,12 @@ struct Progress::State {
 void Progress::State::loop() {
   std::unique_lock<std::mutex> lk(mu);
   while (!stop) {
+    poked = false;  // a completion while the callbacks are posted pokes again
     if (auto ready = take_completed(); !ready.empty()) {
       lk.unlock();
       post(ready);
       lk.lock();
     }
-    poked = false;
     if (entries.empty()) {
       asleep = true;
       cv.wait(lk, [&] { return stop || poked || !entries.empty(); });
