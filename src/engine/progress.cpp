@@ -168,6 +168,12 @@ struct Progress::State {
 
 void Progress::State::loop() {
   std::unique_lock<std::mutex> lk(mu);
+  // How long an owner is left with its request: kGrace, doubled up to
+  // kMaxGrace each time the thread looks and finds the owners keeping up
+  // (each look preempts a rank on a busy host), back to kGrace once it had
+  // to drive one.
+  Clock::duration grace = kGrace;
+  auto last_busy = Clock::now();
   while (!stop) {
     poked = false;  // a completion while the callbacks are posted pokes again
     if (auto ready = take_completed(); !ready.empty()) {
@@ -175,19 +181,27 @@ void Progress::State::loop() {
       post(ready);
       lk.lock();
     }
+    const auto now = Clock::now();
     if (entries.empty()) {
-      asleep = true;
-      cv.wait(lk, [&] { return stop || poked || !entries.empty(); });
-      asleep = false;
+      if (now - last_busy < kLinger) {
+        // Recently busy: a look every grace, so that a watch need not wake it.
+        cv.wait_for(lk, grace, [&] { return stop || poked; });
+      } else {
+        asleep = true;  // until a watch wakes it
+        cv.wait(lk, [&] { return stop || poked || !entries.empty(); });
+        asleep = false;
+      }
       continue;
     }
+    last_busy = now;
     // The oldest incomplete one: its owner may still come back for it.
     const Entry& e = entries.front();
-    const auto due = e.since + kGrace;
-    if (Clock::now() < due) {
-      cv.wait_until(lk, due, [&] { return stop || poked; });
+    if (now < e.since + grace) {
+      grace = std::min<Clock::duration>(2 * grace, kMaxGrace);
+      cv.wait_until(lk, e.since + grace, [&] { return stop || poked; });
       continue;
     }
+    grace = kGrace;
     std::shared_ptr<Driver> op = e.op;
     Queue* q = e.queue;
     busy = q;

@@ -7,9 +7,10 @@
 // Future callback): the progress thread keeps driving meanwhile, and that
 // collective's own completion runs on another completion thread.
 //
-// The progress thread leaves a request alone for kGrace after it was handed
-// over: a caller that waits at once (a blocking call through torch) drives
-// it on its own thread, with no hand-off. While it drives, it lets go of the
+// The progress thread leaves a request alone for a grace after it was handed
+// over (Progress::kGrace, longer while owners keep up): a caller that waits
+// at once (a blocking call through torch) drives it on its own thread, with
+// no hand-off. While it drives, it lets go of the
 // group as soon as another thread asks for it (Queue::Hold), so an owner
 // coming back to wait never waits behind it for long.
 #pragma once
@@ -56,8 +57,16 @@ class Progress {
   // How long a handed-over request is left to its owner before the
   // progress thread drives it: a blocking call through torch is done well
   // before (tens of microseconds at most sizes), a request left while its
-  // owner computes is driven from then on.
+  // owner computes is driven from then on. While owners complete their
+  // requests themselves the thread looks less and less often, up to
+  // kMaxGrace: on a host whose cores the ranks keep busy each look preempts
+  // a rank (through torch at 96 KB, a look every 250 us made a blocking
+  // all-gather 5-15 us slower: docs/benchmarks.md); once it has had to drive
+  // one, kGrace again. After kLinger without any request it sleeps until the
+  // next is handed over.
   static constexpr auto kGrace = std::chrono::microseconds(500);
+  static constexpr auto kMaxGrace = std::chrono::milliseconds(4);
+  static constexpr auto kLinger = std::chrono::milliseconds(100);
   // The longest the progress thread waits in the engine at a time before
   // looking at its list again (an owner asking for the group ends it sooner).
   static constexpr auto kSlice = std::chrono::microseconds(200);

@@ -159,7 +159,7 @@ def main():
         size = f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
         gt, ft = get("gloo", "tensor", m), get("fastgather", "tensor", m)
         gm, fm = get("gloo", "matmul", m), get("fastgather", "matmul", m)
-        c = cxx.get(m)
+        c = cxx.get(m, missing)
         print(f"| {size} | {us(get('gloo', 'list', m))} | {us(gt)} | {us(get('fastgather', 'list', m))} | {us(ft)} | "
               f"{us(get('fastgather', 'symmetric', m))} | {us(c)} | {f'{(ft - c) * 1e6:+.1f}' if isinstance(c, float) and isinstance(ft, float) else '-'} | "
               f"{ratio(gt, ft)} | {us(gm)} | {us(fm)} | {ratio(gm, fm)} |")
@@ -167,7 +167,7 @@ def main():
     print(f"\nThe tensor form at {kb:g} KB per rank, layer by layer (fastgather; median us of the slowest rank):\n")
     print("| call | median (us) | minus fg-bench C++ private (us) |")
     print("|---|---:|---:|")
-    c = cxx.get(MS[0])
+    c = cxx.get(MS[0], missing)
     for name, v in res.get("layers", []):
         print(f"| `{name}` | {us(v)} | {'-' if c is None else f'{(v - c) * 1e6:+.1f}'} |")
 
