@@ -233,10 +233,17 @@ void Progress::watch(const std::shared_ptr<Driver>& op, Queue* queue, Completion
     if (done) st_->completions.post(State::call(std::move(done), op));
     return;
   }
-  auto it = std::find_if(st_->entries.rbegin(), st_->entries.rend(), [&](const Entry& e) { return e.op == op; });
-  if (it == st_->entries.rend()) {
-    st_->entries.push_back(Entry{op, queue, nullptr, Clock::now()});
-    it = st_->entries.rbegin();
+  // Owners that wait complete their requests themselves: what they completed
+  // leaves the list here, so that it stays short between the thread's looks.
+  auto& entries = st_->entries;
+  while (!entries.empty() && !entries.front().done && entries.front().op->done()) entries.pop_front();
+  // A callback for a request already watched joins its entry (the only case
+  // that looks through the list).
+  auto it = done ? std::find_if(entries.rbegin(), entries.rend(), [&](const Entry& e) { return e.op == op; })
+                 : entries.rend();
+  if (it == entries.rend()) {
+    entries.push_back(Entry{op, queue, nullptr, Clock::now()});
+    it = entries.rbegin();
   }
   if (done) {
     if (it->done) {

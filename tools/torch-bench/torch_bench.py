@@ -169,7 +169,7 @@ def main():
     print("|---|---:|---:|")
     c = cxx.get(MS[0], missing)
     for name, v in res.get("layers", []):
-        print(f"| `{name}` | {us(v)} | {'-' if c is None else f'{(v - c) * 1e6:+.1f}'} |")
+        print(f"| `{name}` | {us(v)} | {f'{(v - c) * 1e6:+.1f}' if isinstance(c, float) else '-'} |")
 
 
 if __name__ == "__main__":
