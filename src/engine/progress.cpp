@@ -201,7 +201,6 @@ void Progress::State::loop() {
       cv.wait_until(lk, e.since + grace, [&] { return stop || poked; });
       continue;
     }
-    grace = kGrace;
     std::shared_ptr<Driver> op = e.op;
     Queue* q = e.queue;
     busy = q;
@@ -210,11 +209,16 @@ void Progress::State::loop() {
     lk.lock();
     busy = nullptr;
     let_go.notify_all();
-    if (!drove && !op->done()) {
-      // Another thread drives the group (its owner waits): it completes
-      // the operation, or lets go of it.
-      cv.wait_for(lk, kSlice, [&] { return stop || poked; });
-    } else if (!op->done()) {
+    if (!drove) {
+      // Another thread drives the group (its owner waits through a long
+      // call): it completes the operation, or lets go of it. The owner keeps
+      // up: look again a grace later.
+      grace = std::min<Clock::duration>(2 * grace, kMaxGrace);
+      if (!op->done()) cv.wait_for(lk, grace, [&] { return stop || poked; });
+      continue;
+    }
+    grace = kGrace;  // it had to drive one: owners may leave the next too
+    if (!op->done()) {
       lk.unlock();
       std::this_thread::yield();  // a word to an owner that may be coming back
       lk.lock();
