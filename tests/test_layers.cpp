@@ -130,12 +130,18 @@ fs::path copy_of_src(const std::string& prefix) {
   return root;
 }
 
+// The findings, one an indented line, for a failure's message.
+std::string joined(const std::vector<std::string>& bad) {
+  std::string all;
+  for (const auto& b : bad) all += "\n  " + b;
+  return all;
+}
+
 }  // namespace
 
 TEST(Layers, NothingInAlgoIncludesUpward) {
   const auto bad = algo_violations();
-  std::string all;
-  for (const auto& b : bad) all += "\n  " + b;
+  const std::string all = joined(bad);
   EXPECT_TRUE(bad.empty()) << "includes in src/algo that go up:" << all;
 }
 
@@ -147,8 +153,7 @@ TEST(Layers, TheAlgoCheckCatchesAnIncludeThatGoesUp) {
   { std::ofstream(root / "src" / "algo" / "zz_probe.hpp") << "\n"; }
   const auto bad = algo_violations(root);
   fs::remove_all(root);
-  std::string all;
-  for (const auto& b : bad) all += b + "\n";
+  const std::string all = joined(bad);
   ASSERT_EQ(bad.size(), 2u) << all;
   EXPECT_NE(all.find("src/algo/plan.cpp:"), std::string::npos) << all;
   EXPECT_NE(all.find("(level 2) includes algo/reduce_net.hpp (level 5)"), std::string::npos) << all;
@@ -157,8 +162,7 @@ TEST(Layers, TheAlgoCheckCatchesAnIncludeThatGoesUp) {
 
 TEST(Layers, EachFolderIncludesOnlyWhatIsBelowIt) {
   const auto bad = violations();
-  std::string all;
-  for (const auto& b : bad) all += "\n  " + b;
+  const std::string all = joined(bad);
   EXPECT_TRUE(bad.empty()) << "includes that go up or sideways:" << all;
 }
 
@@ -173,8 +177,7 @@ TEST(Layers, TheCheckCatchesAnIncludeThatGoesUp) {
   const auto bad = violations(root);
   fs::remove_all(root);
   ASSERT_EQ(bad.size(), 3u);
-  std::string all;
-  for (const auto& b : bad) all += b + "\n";
+  const std::string all = joined(bad);
   EXPECT_NE(all.find("zz_layer_probe.hpp:1 (transport) includes core/group_impl.hpp"), std::string::npos) << all;
   EXPECT_NE(all.find("zz_layer_probe.hpp:2 (transport) includes fastgather/ops.hpp, implemented in ops"), std::string::npos)
       << all;

@@ -240,9 +240,6 @@ void divide_by(std::byte* dst, size_t count, int members) {
   for (size_t i = 0; i < count; ++i) d[i] /= by;
 }
 
-// The sum's own loops (vectorised by hand) serve fp32, fp16, bf16, fp64, int32, int64.
-bool fast_sum(DType dtype) { return summable(dtype); }
-
 // A partial of fp16/bf16 is fp32 where the reduction rounds (sum, avg, product).
 bool widened(ReduceOp op, DType dtype) {
   return half(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kProduct);
@@ -251,7 +248,8 @@ bool widened(ReduceOp op, DType dtype) {
 }  // namespace
 
 void Reduction::apply(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const {
-  if (op == ReduceOp::kSum && fast_sum(dtype)) return sum(dtype, dst, srcs, n, bytes);
+  // The sum's own loops (vectorised by hand) serve fp32, fp16, bf16, fp64, int32, int64.
+  if (op == ReduceOp::kSum && summable(dtype)) return sum(dtype, dst, srcs, n, bytes);
   if (op == ReduceOp::kAvg) {
     if (half(dtype)) return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, true, static_cast<float>(members));
     sum(dtype, dst, srcs, n, bytes);
