@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "algo/allgather.hpp"
-#include "algo/allgather_net.hpp"
+#include "algo/across.hpp"
 #include "algo/copy_in.hpp"
 #include "algo/lockstep.hpp"
 #include "algo/plan.hpp"

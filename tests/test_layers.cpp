@@ -89,7 +89,7 @@ std::vector<std::string> violations(const fs::path& root = FG_SOURCE_DIR) {
 const std::map<std::string, int> kAlgoLevel = {
     {"function_ref", 0}, {"copy_in", 0},       {"call", 1},          {"plan", 2},
     {"lockstep", 3},     {"allgather", 4},     {"reduce", 4},        {"reduce_steps", 4},
-    {"allgather_net", 5}, {"reduce_net", 5},
+    {"across", 5},
 };
 
 std::vector<std::string> algo_violations(const fs::path& root = FG_SOURCE_DIR) {
@@ -149,14 +149,14 @@ TEST(Layers, NothingInAlgoIncludesUpward) {
 // across servers, and on a file it does not know.
 TEST(Layers, TheAlgoCheckCatchesAnIncludeThatGoesUp) {
   const fs::path root = copy_of_src("fg_algo_layers_");
-  { std::ofstream(root / "src" / "algo" / "plan.cpp", std::ios::app) << "#include \"algo/reduce_net.hpp\"\n"; }
+  { std::ofstream(root / "src" / "algo" / "plan.cpp", std::ios::app) << "#include \"algo/across.hpp\"\n"; }
   { std::ofstream(root / "src" / "algo" / "zz_probe.hpp") << "\n"; }
   const auto bad = algo_violations(root);
   fs::remove_all(root);
   const std::string all = joined(bad);
   ASSERT_EQ(bad.size(), 2u) << all;
   EXPECT_NE(all.find("src/algo/plan.cpp:"), std::string::npos) << all;
-  EXPECT_NE(all.find("(level 2) includes algo/reduce_net.hpp (level 5)"), std::string::npos) << all;
+  EXPECT_NE(all.find("(level 2) includes algo/across.hpp (level 5)"), std::string::npos) << all;
   EXPECT_NE(all.find("src/algo/zz_probe.hpp has no level"), std::string::npos) << all;
 }
 

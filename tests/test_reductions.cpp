@@ -246,3 +246,29 @@ TEST(Reductions, DisagreementIsAMismatchAndUnservedReductionsAreRefused) {
     return "";
   }));
 }
+
+// Two servers of one rank each that disagree only on the reduction: the
+// messages are as long as expected and nothing within a server compares
+// headers, so only the exchange between servers can see it (its check of
+// each message's header). A mismatch naming max on both members, and the
+// group stays failed (messages of the failed call may still be in flight).
+TEST(Reductions, DisagreementAcrossServersIsFoundInTheExchange) {
+  for (size_t n : {size_t{8}, size_t{1} << 20}) {  // one network piece, and several
+    fgtest::JobOptions o;
+    o.servers = 2;
+    o.token = "reductions-disagree-across-servers";
+    fgtest::expect_all_ok(fgtest::run_job(2, [n](const Config& c) -> std::string {
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      Group& g = (*comm)->world();
+      std::vector<float> x(n, 1.0f);
+      const TensorView v(x.data(), DType::kF32, {static_cast<int64_t>(n)});
+      Status s = all_reduce(g, v, v, {.op = c.rank == 1 ? ReduceOp::kMax : ReduceOp::kSum});
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch, "{} floats, disagreeing reductions: {}", n, s.to_string());
+      RANK_CHECK(s.message().find("reduction=max") != std::string::npos, "the mismatch does not name max: {}",
+                 s.message());
+      RANK_CHECK(!all_reduce(g, v, v).ok(), "a failed group across servers must stay failed");
+      return "";
+    }, o));
+  }
+}

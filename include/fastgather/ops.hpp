@@ -166,7 +166,7 @@ struct MatmulReduceScatterOptions {
 // same bits on every run), rounded once. The rows each peer on this server
 // sums are multiplied straight into shared memory, a step at a time, while
 // the peers multiply theirs; across servers the partial sums are then
-// exchanged as the all_reduce's (reduce_net).
+// exchanged as the all_reduce's (algo/across.hpp).
 Request start_matmul_reduce_scatter(Group& group, const TensorView& x1, const TensorView& x2,
                                     const std::optional<TensorView>& bias, const TensorView& output,
                                     const MatmulReduceScatterOptions& options = {});

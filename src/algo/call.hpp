@@ -127,7 +127,7 @@ constexpr size_t kSumWholeMaxBytes = 32 << 10;
 bool sums_whole(const Topology& topo, const GatherCall& call);
 
 
-// A sum across servers (reduce_net.hpp): which bytes this member sums and
+// A sum across servers (across.hpp): which bytes this member sums and
 // exchanges (in the dtype's bytes).
 bool scatters(const GatherCall& call);  // reduce_scatter (and the fused one): not all_reduce
 struct SumLayout {

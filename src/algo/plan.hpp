@@ -59,7 +59,7 @@ struct CallPlan {
   size_t net_piece = 0;    // across servers: bytes per UCX message
   bool in_place = false;   // a block in its owner's symmetric heap may be read there
   // A sum across servers run one-shot: the all-gather planned here gathers
-  // every input, then each member sums (else: reduce_net.hpp's hierarchical sum).
+  // every input, then each member sums (else: across.hpp's hierarchical sum).
   bool gathers_inputs = false;
   Status error;            // this call cannot run (nothing has been posted)
 };

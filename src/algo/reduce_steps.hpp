@@ -1,5 +1,5 @@
 // The steps the sums are made of, for the schedules within a server
-// (reduce.cpp) and across servers (reduce_net.cpp).
+// (reduce.cpp) and across servers (across.cpp).
 #pragma once
 
 #include <array>

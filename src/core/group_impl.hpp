@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "algo/allgather_net.hpp"
+#include "algo/across.hpp"
 #include "algo/plan.hpp"
 #include "algo/copy_in.hpp"
 #include "engine/driver.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "algo/reduce.hpp"
-#include "algo/reduce_net.hpp"
+#include "algo/across.hpp"
 #include "core/group_impl.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/convert.hpp"
@@ -163,7 +163,7 @@ engine::Task<Status> matmul_reduce_scatter_op(Group& group, const TensorView& x1
   } else if (spans_servers(group)) {
     // Across servers: the product rows made into the server's ring as within
     // one, summed within the server, the partial sums exchanged between
-    // servers and summed in server order (algo/reduce_net.hpp), then the bias.
+    // servers and summed in server order (algo/across.hpp), then the bias.
     Group::Impl& i = *impl_of(group);
     auto partial = [](std::byte* dst, const std::byte* const* srcs, int members, size_t bytes) {
       ops::sum(DType::kF32, dst, srcs, members, bytes);

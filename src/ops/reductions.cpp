@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "algo/reduce.hpp"
-#include "algo/reduce_net.hpp"
+#include "algo/across.hpp"
 #include "core/group_impl.hpp"
 #include "fastgather/ops.hpp"
 #include "ops/request.hpp"
@@ -74,7 +74,7 @@ engine::Task<Status> gather_and_sum(Group& group, algo::GatherCall call, std::by
   co_return Status::Ok();
 }
 
-// Across servers, hierarchical (algo/reduce_net.hpp): partial sums in fp32
+// Across servers, hierarchical (algo/across.hpp): partial sums in fp32
 // for fp16/bf16, so that the result is rounded once.
 engine::Task<Status> sum_across(Group& group, algo::GatherCall call, const algo::CallPlan& plan, std::byte* out,
                                 CallStats* stats) {

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "algo/allgather.hpp"
-#include "algo/allgather_net.hpp"
+#include "algo/across.hpp"
 #include "algo/plan.hpp"
 #include "core/group_impl.hpp"
 #include "fastgather/ops.hpp"
