@@ -12,10 +12,12 @@
 #include "algo/copy_in.hpp"
 #include "algo/lockstep.hpp"
 #include "algo/plan.hpp"
+#include "algo/thresholds.hpp"
 
 #include <fmt/format.h>
 
 #include <fstream>
+#include <regex>
 #include <iterator>
 #include <string>
 
@@ -366,4 +368,32 @@ TEST(NetPieces, WholeRowsAndAtMost65536Pieces) {
   EXPECT_EQ(net_piece_bytes(100, size_t{3} << 20, mib), size_t{3} << 20);   // a row larger than a piece
   const size_t huge = size_t{1} << 37;                                       // 128 GiB: pieces grow
   EXPECT_LE((huge + net_piece_bytes(huge, 1, mib) - 1) / net_piece_bytes(huge, 1, mib), size_t{1} << 16);
+}
+
+// Every threshold a plan reads is cited to a heading of the document that
+// measured it (or says it was not measured, and why), and docs/architecture.md holds the table as thresholds() makes it.
+TEST(Thresholds, EachIsCitedToItsBenchmarkAndTheArchitectureShowsThem) {
+  auto read = [](const std::string& name) {
+    std::ifstream f(std::string(FG_SOURCE_DIR) + "/docs/" + name);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  const std::vector<Threshold> all = thresholds();
+  EXPECT_GE(all.size(), 11u);
+  for (const Threshold& t : all) {
+    const std::string cite = t.measured;
+    if (cite.rfind("not measured: ", 0) == 0) continue;  // said so, with why
+    const size_t colon = cite.find(": ");
+    ASSERT_NE(colon, std::string::npos) << t.name << ": " << cite;
+    const std::string doc = read(cite.substr(0, colon));
+    ASSERT_FALSE(doc.empty()) << t.name << ": no docs/" << cite.substr(0, colon);
+    const std::regex heading("(^|\\n)#+ " + std::regex_replace(cite.substr(colon + 2), std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") + "\\n");
+    EXPECT_TRUE(std::regex_search(doc, heading)) << t.name << " cites a heading docs/" << cite.substr(0, colon)
+                                                 << " does not have: " << cite.substr(colon + 2);
+  }
+  // The constants plan_call reads are the table's.
+  EXPECT_EQ(kTwoShotMinBytes, kTwoShot.bytes);
+  EXPECT_EQ(kSumWholeMaxBytes, kSumWhole.bytes);
+  const std::string table = thresholds_table();
+  EXPECT_NE(read("architecture.md").find(table), std::string::npos)
+      << "docs/architecture.md should hold this table as it is:\n" << table;
 }

@@ -1,4 +1,5 @@
 #include "algo/call.hpp"
+#include "algo/thresholds.hpp"
 
 namespace fastgather::algo {
 

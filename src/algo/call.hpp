@@ -116,14 +116,8 @@ struct Chunks {
   size_t size(int m) const { return std::min(each, total - first(m)); }
 };
 
-// Up to this size per member an all_reduce across servers is summed whole
-// within each server (one step: every member sums all of its server's
-// inputs, as the one-shot does) and every member exchanges all of its
-// partial sums, so that no step is needed to share the sums afterwards:
-// for a small sum the steps cost more than the bytes. Measured with 2 servers
-// of 2 ranks on 2 cores (docs/benchmarks.md, "Sums across servers"): as fast
-// or faster up to 16 KB, level at 32 KB, slower at 64 KB.
-constexpr size_t kSumWholeMaxBytes = 32 << 10;
+// Whether an all_reduce across servers is summed whole within each server
+// (up to kSumWholeMaxBytes per member: algo/thresholds.hpp).
 bool sums_whole(const Topology& topo, const GatherCall& call);
 
 

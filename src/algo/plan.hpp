@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "algo/call.hpp"
+#include "algo/thresholds.hpp"
 #include "fastgather/schedule.hpp"
 #include "fastgather/status.hpp"
 #include "transport/net_channel.hpp"
@@ -81,38 +82,8 @@ struct PlanRow {
 };
 std::vector<PlanRow> plan_table();
 
-// From this size a block in its owner's symmetric heap is read there, in
-// place, for one more round at the end ("done reading") instead of a copy
-// into the ring: below it the extra round costs what the copy saves
-// (docs/benchmarks.md, "Symmetric inputs").
-constexpr size_t kInPlaceMinBytes = 4 << 10;
-// An all_reduce where the job's ranks outnumber the cores reads inputs in
-// place only from this size: an input its owner has just written reaches a
-// reader on the other core as a copy in the owner's ring does, and below it
-// the "done reading" step costs more than the owner's local copy saves
-// (docs/benchmarks.md, "Two-shot from 32 KiB where ranks outnumber cores").
-constexpr size_t kInPlaceMinBytesAllReduceOutnumbered = 256 << 10;
-
-// From this size per member an all-reduce of 3 or more members runs
-// two-shot: each member reads its chunk of everyone's input and the sums once
-// more, instead of everyone's whole input (docs/benchmarks.md, "Reductions").
-constexpr size_t kTwoShotMinBytes = 256 << 10;
-// Where the job's ranks outnumber the cores, from this size: ranks that share
-// a core take turns, so the lines a peer has just written into its ring
-// reach the reader from the other core: one-shot pulls every peer's input
-// whole that way, two-shot 2/n of it, and the extra step costs no sleep
-// between ranks that yield to each other
-// (docs/benchmarks.md, "Two-shot from 32 KiB where ranks outnumber cores").
-constexpr size_t kTwoShotMinBytesOutnumbered = 32 << 10;
-// An all-reduce of 2 members runs two-shot from this size, whether its ranks
-// outnumber the cores or not: each member then copies half its input into
-// its ring instead of all of it and sums half, for one more step; a private
-// or freshly written input is summed faster from here (docs/benchmarks.md,
-// "Two-shot for two members"). An input in the heap that nobody has written
-// since the last call is not (one-shot reads it from the reader's own cache),
-// nor, in those runs, one read in place at 512 KiB by pairs whose ranks
-// outnumber the cores.
-constexpr size_t kTwoShotMinBytesTwoMembers = 128 << 10;
+// The sizes at which a plan changes its mind, each with the benchmark that
+// set it: algo/thresholds.hpp.
 
 // Largest piece a shared-memory step holds for this alignment (0: a row
 // does not fit one step).
