@@ -29,10 +29,11 @@ namespace {
 GroupShape shape(std::vector<int> servers, bool single_copy = true, bool heap = false) {
   GroupShape g;
   g.topo = Topology::of(servers, 0);
-  g.max_step_bytes = 1 << 20;
-  g.pipeline_bytes = 64 << 10;
-  g.single_copy = single_copy;
-  g.heap = heap;
+  g.local = {.inline_bytes = fastgather::transport::kInlineBytes,
+             .max_step_bytes = 1 << 20,
+             .pipeline_bytes = 64 << 10,
+             .reads_peer_memory = single_copy,
+             .shared_heap = heap};
   g.label = "group [test]";
   return g;
 }

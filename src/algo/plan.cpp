@@ -22,10 +22,7 @@ GroupShape GroupShape::of(const transport::ShmChannel& local, const Topology& to
   GroupShape g;
   g.outnumbered = outnumbered;
   g.topo = topo;
-  g.max_step_bytes = local.max_step_bytes();
-  g.pipeline_bytes = local.pipeline_bytes();
-  g.single_copy = local.single_copy() && local.members() > 1;
-  g.heap = local.heap() != nullptr;
+  g.local = local.capabilities();
   g.label = local.label();
   return g;
 }
@@ -44,12 +41,13 @@ Schedule choose_schedule(const Topology& topo, size_t bytes, Schedule asked, siz
   return bytes >= hier_min_bytes ? Schedule::kHierarchical : Schedule::kDirect;
 }
 
-size_t net_piece_bytes(size_t bytes, size_t align, size_t configured) {
+size_t net_piece_bytes(size_t bytes, size_t align, size_t configured, uint32_t max_pieces) {
   configured = std::max<size_t>(configured, 4096);
   align = std::max<size_t>(align, 1);
   size_t piece = std::max(align, configured / align * align);
-  // The tag has 16 bits for the piece: large blocks get larger pieces.
-  const size_t min_piece = (bytes + transport::kMaxNetPieces - 1) / transport::kMaxNetPieces;
+  // No more pieces than the channel numbers (UCX: 16 bits of the tag):
+  // large blocks get larger pieces.
+  const size_t min_piece = max_pieces == 0 ? 0 : (bytes + max_pieces - 1) / max_pieces;
   if (piece < min_piece) piece = (min_piece + align - 1) / align * align;
   return piece;
 }
@@ -100,10 +98,10 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   const bool scatters = !all_reduce || p.schedule == Schedule::kTwoShot;
   // The fused op makes its pieces in the ring: never inline.
   const bool produced = call.op == OpCode::kMatmulReduceScatter;
-  p.protocol = call.bytes <= transport::kInlineBytes && p.schedule == Schedule::kOneShot && !produced ? Protocol::kInline
+  p.protocol = call.bytes <= g.local.inline_bytes && p.schedule == Schedule::kOneShot && !produced ? Protocol::kInline
                                                                                                      : Protocol::kCopyInOut;
   const size_t align = std::max<size_t>(call.align, 1);
-  const size_t step = max_piece(g.pipeline_bytes != 0 ? std::min(g.pipeline_bytes, g.max_step_bytes) : g.max_step_bytes, align);
+  const size_t step = max_piece(g.local.pipeline_bytes != 0 ? std::min(g.local.pipeline_bytes, g.local.max_step_bytes) : g.local.max_step_bytes, align);
   if (p.protocol == Protocol::kInline) {
     p.piece = call.bytes;
   } else if (scatters) {
@@ -115,10 +113,10 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   }
   if (p.piece == 0 && call.bytes != 0 && n > 1) {
     return refuse(fmt::format("a step of the shared-memory ring ({} bytes, FG_RING_BYTES) cannot hold a {}-byte "
-                              "element for each of {} members", g.max_step_bytes, align, n));
+                              "element for each of {} members", g.local.max_step_bytes, align, n));
   }
   const size_t in_place_from = all_reduce && g.outnumbered ? kInPlaceMinBytesAllReduceOutnumbered : kInPlaceMinBytes;
-  p.in_place = g.heap && call.bytes >= in_place_from && p.protocol != Protocol::kInline && !produced;
+  p.in_place = g.local.shared_heap && call.bytes >= in_place_from && p.protocol != Protocol::kInline && !produced;
   return p;
 }
 
@@ -142,7 +140,7 @@ CallPlan plan_sum_across(const GroupShape& g, const GatherCall& call) {
   p.asked = call.schedule;
   p.schedule = Schedule::kHierarchical;
   if (!p.error.ok()) p.error = Status{ErrorKind::kUnsupported, fmt::format("{} (across servers, within each)", p.error.message())};
-  p.net_piece = net_piece_bytes(exchanged_bytes(g.topo, call), call.align, call.settings->net_piece_bytes);
+  p.net_piece = net_piece_bytes(exchanged_bytes(g.topo, call), call.align, call.settings->net_piece_bytes, g.net.max_pieces);
   return p;
 }
 
@@ -209,7 +207,7 @@ CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
     }
     if (call.bytes != 0 && call.landing == nullptr) return refuse("this op keeps no copy of the gathered blocks");
     p.schedule = choose_schedule(topo, call.bytes, call.schedule, settings.hier_min_bytes);
-    p.net_piece = net_piece_bytes(call.bytes, call.align, settings.net_piece_bytes);
+    p.net_piece = net_piece_bytes(call.bytes, call.align, settings.net_piece_bytes, g.net.max_pieces);
   } else {
     // A ring of two is the one-shot; the ring forwards blocks read back from
     // their landing places, so only an op that keeps them runs it.
@@ -218,12 +216,12 @@ CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
   }
 
   // The protocol among the members on this server.
-  const size_t largest = max_piece(g.max_step_bytes, call.align);
+  const size_t largest = max_piece(g.local.max_step_bytes, call.align);
   const bool single_copy = !spans && p.schedule == Schedule::kOneShot && call.root < 0 && call.landing != nullptr &&
-                           g.single_copy && local > 1 && call.bytes >= settings.single_copy_min_bytes;
+                           g.local.reads_peer_memory && local > 1 && call.bytes >= settings.single_copy_min_bytes;
   if (single_copy) {
     p.protocol = Protocol::kSingleCopy;
-  } else if (call.bytes <= transport::kInlineBytes) {
+  } else if (call.bytes <= g.local.inline_bytes) {
     p.protocol = Protocol::kInline;
   } else {
     p.protocol = Protocol::kCopyInOut;
@@ -231,13 +229,13 @@ CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
   const bool relays = p.schedule == Schedule::kHierarchical && call.bytes != 0;
   if (largest == 0 && local > 1 && (p.protocol != Protocol::kInline || relays)) {
     return refuse(fmt::format("a {}-byte row exceeds the {}-byte step of the shared-memory ring (FG_RING_BYTES)",
-                              call.align, g.max_step_bytes));
+                              call.align, g.local.max_step_bytes));
   }
-  const size_t pipelined = max_piece(g.pipeline_bytes, call.align);
+  const size_t pipelined = max_piece(g.local.pipeline_bytes, call.align);
   p.piece = p.protocol == Protocol::kInline ? call.bytes : (pipelined != 0 ? pipelined : largest);
   p.read_piece = largest;
   p.relay_piece = p.schedule == Schedule::kHierarchical ? largest : 0;
-  p.in_place = g.heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline;
+  p.in_place = g.local.shared_heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline;
   return p;
 }
 
@@ -292,10 +290,11 @@ std::string size_words(size_t b) {
 GroupShape example_group(std::vector<int> servers, bool single_copy = true, bool heap = false) {
   GroupShape g;
   g.topo = Topology::of(servers, 0);
-  g.max_step_bytes = transport::ShmChannel::max_step_bytes_for(default_settings().ring_bytes);
-  g.pipeline_bytes = 64 << 10;
-  g.single_copy = single_copy;
-  g.heap = heap;
+  g.local = {.inline_bytes = transport::kInlineBytes,
+             .max_step_bytes = transport::ShmChannel::max_step_bytes_for(default_settings().ring_bytes),
+             .pipeline_bytes = 64 << 10,
+             .reads_peer_memory = single_copy,
+             .shared_heap = heap};
   g.label = "example";
   return g;
 }

@@ -33,13 +33,14 @@ enum class Protocol : uint8_t {
 };
 const char* protocol_name(Protocol p);
 
-// What a plan needs to know of the group.
+// What a plan needs to know of the group: its layout across servers and what
+// its channels can do (data: a schedule never asks which channel it runs on).
 struct GroupShape {
   Topology topo;
-  size_t max_step_bytes = 0;  // the largest step of the shared-memory ring
-  size_t pipeline_bytes = 0;  // the step the ring streams a block in
-  bool single_copy = false;   // the members on this server can read each other's memory
-  bool heap = false;          // the group has a symmetric heap
+  // What the channels can do: among the members on this server (shared
+  // memory), and between servers (UCX).
+  transport::Capabilities local;
+  transport::Capabilities net = transport::NetChannel::capabilities();
   // The job's ranks on this server are more than its cores (every member on
   // a server sees the same).
   bool outnumbered = false;
@@ -100,7 +101,8 @@ Schedule choose_schedule(const Topology& topo, size_t bytes_per_member, Schedule
 
 // Largest piece a UCX message carries: `configured` (Settings,
 // FG_NET_PIECE_BYTES; at least 4 KiB) in whole rows of `align`, larger where
-// the tag's 16 piece bits would not number the pieces.
-size_t net_piece_bytes(size_t bytes, size_t align, size_t configured);
+// the channel cannot number the pieces (max_pieces: UCX's 16 tag bits).
+size_t net_piece_bytes(size_t bytes, size_t align, size_t configured,
+                       uint32_t max_pieces = transport::NetChannel::capabilities().max_pieces);
 
 }  // namespace fastgather::algo

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fastgather/status.hpp"
+#include "transport/capabilities.hpp"
 
 namespace fastgather::transport {
 
@@ -94,6 +95,9 @@ class NetChannel {
   int me() const { return me_; }
   int world_rank(int member) const { return world_ranks_[member]; }
   const std::string& label() const { return label_; }
+  // What every NetChannel can do: post every piece at once, each received
+  // where it lands; no more pieces than the tag numbers.
+  static constexpr Capabilities capabilities() { return {.max_pieces = kMaxNetPieces, .many_in_flight = true}; }
   // Every member calls this once per collective, in the same order.
   uint32_t next_call() { return ++call_; }
 

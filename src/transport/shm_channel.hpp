@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "fastgather/status.hpp"
+#include "transport/capabilities.hpp"
 #include "transport/shm_heap.hpp"
 #include "transport/shm_segment.hpp"
 
@@ -110,6 +111,11 @@ class ShmChannel {
   // steps line up.
   size_t pipeline_bytes() const { return pipeline_bytes_; }
   const std::string& label() const { return label_; }
+  // What this channel can do (single copy and the heap as set so far).
+  Capabilities capabilities() const {
+    return {.inline_bytes = kInlineBytes, .max_step_bytes = max_step_bytes(), .pipeline_bytes = pipeline_bytes_,
+            .reads_peer_memory = single_copy_ && members_ > 1, .shared_heap = heap_ != nullptr};
+  }
 
   uint64_t next_step() { return ++step_; }
   uint64_t last_step() const { return step_; }
