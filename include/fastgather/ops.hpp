@@ -185,6 +185,32 @@ Status convert(const TensorView& src, const TensorView& dst);
 Request start_broadcast(Group& group, const TensorView& data, int root);
 Status broadcast(Group& group, const TensorView& data, int root);
 
+// Rooted and personalised exchanges, on the all-gather's schedule: within a
+// server each member copies its bytes into shared memory once and each reader
+// copies out only its part; across servers every block still reaches every
+// member (n times the bytes between servers that a schedule of their own
+// would send). Every member must pass the same root (else kMismatch).
+//
+// gather: output (group rank root only; ignored elsewhere) holds group.size()
+// blocks of input's size, back to back: block m is group rank m's input.
+Request start_gather(Group& group, const TensorView& input, const TensorView& output, int root);
+Status gather(Group& group, const TensorView& input, const TensorView& output, int root);
+// scatter: input (group rank root only; ignored elsewhere) holds group.size()
+// chunks of output's size; every member's output gets chunk group.rank().
+Request start_scatter(Group& group, const TensorView& input, const TensorView& output, int root);
+Status scatter(Group& group, const TensorView& input, const TensorView& output, int root);
+// all_to_all: input holds this member's parts for every member in group-rank
+// order, output receives every member's part for this one in group-rank
+// order. Without counts the parts are equal (input and output hold the same
+// number of elements, a multiple of group.size()); with them, send_counts[j]
+// elements go to member j and recv_counts[m] come from member m (every
+// member's counts are gathered first, so that a pair that disagrees is
+// kInvalidArgument on every member).
+Request start_all_to_all(Group& group, const TensorView& input, const TensorView& output,
+                         std::span<const int64_t> send_counts = {}, std::span<const int64_t> recv_counts = {});
+Status all_to_all(Group& group, const TensorView& input, const TensorView& output,
+                  std::span<const int64_t> send_counts = {}, std::span<const int64_t> recv_counts = {});
+
 struct ReduceOptions {
   // all_reduce: kOneShot or kTwoShot (kAuto: by size and members);
   // reduce_scatter: kOneShot. Every member must pass the same.
@@ -215,6 +241,11 @@ Status reduce_scatter(Group& group, const TensorView& input, const TensorView& o
 Request start_all_reduce(Group& group, const TensorView& input, const TensorView& output,
                          const ReduceOptions& options = {});
 Status all_reduce(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options = {});
+
+// data on group rank root = the reduction of every member's data (the
+// all_reduce's schedule and bits); the others' data is left as it was.
+Request start_reduce(Group& group, const TensorView& data, int root, const ReduceOptions& options = {});
+Status reduce(Group& group, const TensorView& data, int root, const ReduceOptions& options = {});
 
 // A group barrier through the same channels as the collectives.
 Request start_barrier(Group& group);

@@ -7,6 +7,9 @@ const char* op_name(OpCode op) {
   switch (op) {
     case OpCode::kAllGather: return "all_gather";
     case OpCode::kAllGatherV: return "all_gather_v";
+    case OpCode::kGather: return "gather";
+    case OpCode::kScatter: return "scatter";
+    case OpCode::kAllToAll: return "all_to_all";
     case OpCode::kAllGatherMatmul: return "all_gather_matmul";
     case OpCode::kBarrier: return "barrier";
     case OpCode::kBroadcast: return "broadcast";

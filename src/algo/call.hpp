@@ -27,6 +27,9 @@ enum class OpCode : uint32_t {
   kBroadcast = 4,
   kReduceScatter = 5,
   kAllReduce = 6,
+  kGather = 9,
+  kScatter = 10,
+  kAllToAll = 11,
 };
 const char* op_name(OpCode op);
 

@@ -271,6 +271,8 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h, con
     s += fmt::format(" with {}={}", call.aux_name, h.aux);
   }
   if (call.op == OpCode::kAllGatherV) s += fmt::format(" with block sizes #{:016x}", h.aux);
+  if (call.op == OpCode::kGather || call.op == OpCode::kScatter) s += fmt::format(" with root and block sizes #{:016x}", h.aux);
+  if (call.op == OpCode::kAllToAll) s += fmt::format(" with splits #{:016x}", h.aux);
   // A reduction is said where it is not the sum, or where the other's is not.
   if ((call.op == OpCode::kAllReduce || call.op == OpCode::kReduceScatter) &&
       (h.aux != 0 || (other != nullptr && other->aux != 0))) {

@@ -24,27 +24,16 @@ algo::GatherCall gather_call(const TensorView& input, const AllGatherOptions& op
 }
 
 // An uneven all-gather: block m of sizes[m] bytes lands at landing(m).
-// The list of sizes is in the header (its hash), so members that disagree
-// on it get a mismatch.
 engine::Task<Status> gather_uneven(Group& group, const TensorView& input, std::vector<size_t> sizes,
                                    algo::FunctionRef<std::byte*(int)> landing, size_t total, AllGatherOptions options) {
-  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the sizes
-  for (size_t b : sizes) {
-    for (int i = 0; i < 8; ++i) hash = (hash ^ ((b >> (8 * i)) & 0xff)) * 0x100000001b3ull;
-  }
-  algo::GatherCall call = gather_call(input, options);
-  call.op = algo::OpCode::kAllGatherV;
-  call.bytes = *std::max_element(sizes.begin(), sizes.end());
-  call.sizes = sizes.data();
-  call.aux = hash;
-  call.landing = &landing;
-  call.copy_in = &impl_of(group)->copy_in;
-  call.stream_out = algo::streams_out(total, impl_of(group)->settings);
+  const bool stream_out = algo::streams_out(total, impl_of(group)->settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     std::byte* dst = landing(member) + off;
-    if (src != dst) algo::copy_out(dst, src, len, call.stream_out);
+    if (src != dst) algo::copy_out(dst, src, len, stream_out);
   };
-  co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink, options.stats);
+  co_return co_await ops::gather_blocks(group, algo::OpCode::kAllGatherV, static_cast<uint32_t>(input.dtype),
+                                        static_cast<const std::byte*>(input.data), std::move(sizes), &landing,
+                                        stream_out, sink, options.schedule, options.stats);
 }
 
 // The ops as coroutines over references to their arguments: the blocking
@@ -200,6 +189,227 @@ engine::Task<Status> broadcast_op(Group& group, const TensorView& data, int root
   co_return co_await ops::run_gather(group, call, ops::plan_for(group, call), sink);
 }
 
+// The part of a piece [off, off+len) of a block that falls in [lo, hi) of
+// it, copied to dst + (where it falls - lo).
+void take_range(size_t off, const std::byte* src, size_t len, size_t lo, size_t hi, std::byte* dst, bool stream_out) {
+  const size_t from = std::max(off, lo), to = std::min(off + len, hi);
+  if (from >= to) return;
+  std::byte* d = dst + (from - lo);
+  const std::byte* s = src + (from - off);
+  if (d != s) algo::copy_out(d, s, to - from, stream_out);
+}
+
+Status check_root(Group& group, const char* op, int root) {
+  if (root >= 0 && root < group.size()) return Status::Ok();
+  return ops::invalid(group, op, fmt::format("root {} is not a member (group rank 0..{})", root, group.size() - 1));
+}
+
+// gather, scatter and all_to_all are the all-gather's schedule (gather_blocks)
+// with sinks that keep only what is theirs: within a server each member
+// copies its bytes into shared memory once and each reader copies out only
+// its part; across servers every block still reaches every member (kept
+// where `kept` says) - n times the bytes a gather, scatter or all_to_all of
+// its own would move between servers.
+
+engine::Task<Status> gather_op(Group& group, const TensorView& input, const TensorView& output, int root) {
+  constexpr const char* kOp = "gather";
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
+  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+  const size_t n = static_cast<size_t>(group.size());
+  const size_t bytes = input.nbytes();
+  const bool am_root = group.rank() == root;
+  Group::Impl& i = *impl_of(group);
+  std::byte* out = nullptr;
+  if (am_root) {
+    if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
+    if (output.dtype != input.dtype) {
+      co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
+                                                     dtype_name(input.dtype)));
+    }
+    if (output.nbytes() != bytes * n) {
+      co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; {} ranks x {} input bytes need {}",
+                                                     output.describe(), output.nbytes(), n, bytes, bytes * n));
+    }
+    out = static_cast<std::byte*>(output.data);
+    if (input.data != out + static_cast<size_t>(root) * bytes && ops::overlaps(input.data, bytes, out, bytes * n)) {
+      co_return ops::invalid(group, kOp, "input overlaps output other than as the root's own block");
+    }
+  }
+  // Across servers the schedules keep every block whole: on the others, here.
+  std::vector<std::byte> kept;
+  if (i.net != nullptr && !am_root) {
+    kept.resize(bytes * n);
+    out = kept.data();
+  }
+  auto landing = [&](int member) -> std::byte* { return out + static_cast<size_t>(member) * bytes; };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  const bool stream_out = am_root && algo::streams_out(bytes * n, i.settings);
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
+    if (!am_root) return;
+    std::byte* dst = landing(member) + off;
+    if (dst != src) algo::copy_out(dst, src, len, stream_out);
+  };
+  co_return co_await ops::gather_blocks(group, algo::OpCode::kGather, static_cast<uint32_t>(input.dtype),
+                                        static_cast<const std::byte*>(input.data), std::vector<size_t>(n, bytes),
+                                        i.net != nullptr ? &landing_ref : nullptr, stream_out, sink, Schedule::kAuto,
+                                        nullptr, static_cast<uint64_t>(root));
+}
+
+engine::Task<Status> scatter_op(Group& group, const TensorView& input, const TensorView& output, int root) {
+  constexpr const char* kOp = "scatter";
+  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
+  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+  const size_t n = static_cast<size_t>(group.size());
+  const size_t bytes = output.nbytes();
+  const size_t me = static_cast<size_t>(group.rank());
+  const bool am_root = group.rank() == root;
+  Group::Impl& i = *impl_of(group);
+  const std::byte* in = nullptr;
+  if (am_root) {
+    if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
+    if (output.dtype != input.dtype) {
+      co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
+                                                     dtype_name(input.dtype)));
+    }
+    if (input.nbytes() != bytes * n) {
+      co_return ops::invalid(group, kOp, fmt::format("input {} holds {} bytes; {} ranks x {} output bytes need {}",
+                                                     input.describe(), input.nbytes(), n, bytes, bytes * n));
+    }
+    in = static_cast<const std::byte*>(input.data);
+    if (output.data != in + me * bytes && ops::overlaps(output.data, bytes, in, bytes * n)) {
+      co_return ops::invalid(group, kOp, "output overlaps input other than as the root's own chunk");
+    }
+  }
+  // The root's block is its whole input; everyone else's is empty.
+  std::vector<size_t> sizes(n, 0);
+  sizes[static_cast<size_t>(root)] = bytes * n;
+  std::vector<std::byte> kept;
+  if (i.net != nullptr && !am_root) kept.resize(bytes * n);
+  auto landing = [&](int) -> std::byte* { return am_root ? const_cast<std::byte*>(in) : kept.data(); };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  auto* out = static_cast<std::byte*>(output.data);
+  const bool stream_out = algo::streams_out(bytes, i.settings);
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
+    if (member == root) take_range(off, src, len, me * bytes, (me + 1) * bytes, out, stream_out);
+  };
+  co_return co_await ops::gather_blocks(group, algo::OpCode::kScatter, static_cast<uint32_t>(output.dtype), in,
+                                        std::move(sizes), i.net != nullptr ? &landing_ref : nullptr, stream_out, sink,
+                                        Schedule::kAuto, nullptr, static_cast<uint64_t>(root));
+}
+
+// Counts (elements) each member sends to each and receives from each: every
+// member's row of both, gathered, so that every member checks every pair and
+// all of them refuse, or none.
+struct Splits {
+  size_t n;
+  std::vector<int64_t> table;  // member m: send[0..n), then recv[0..n)
+  int64_t send(size_t m, size_t j) const { return table[m * 2 * n + j]; }
+  int64_t recv(size_t m, size_t j) const { return table[m * 2 * n + n + j]; }
+};
+
+engine::Task<Status> all_to_all_op(Group& group, const TensorView& input, const TensorView& output,
+                                   std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts) {
+  constexpr const char* kOp = "all_to_all";
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
+  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
+  const size_t n = static_cast<size_t>(group.size());
+  const size_t me = static_cast<size_t>(group.rank());
+  if (output.dtype != input.dtype) {
+    co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
+                                                   dtype_name(input.dtype)));
+  }
+  if (ops::overlaps(input.data, input.nbytes(), output.data, output.nbytes())) {
+    co_return ops::invalid(group, kOp, "input and output overlap");
+  }
+  const size_t es = dtype_size(input.dtype);
+  // Where member m's bytes for this member lie in its block, and where they go.
+  std::vector<size_t> sizes(n), lo(n), len(n), at(n);
+  if (send_counts.empty() && recv_counts.empty()) {
+    if (input.numel() % static_cast<int64_t>(n) != 0 || output.nbytes() != input.nbytes()) {
+      co_return ops::invalid(group, kOp, fmt::format("input {} and output {} must hold the same number of elements, a "
+                                                     "multiple of the {} ranks (or pass the counts)",
+                                                     input.describe(), output.describe(), n));
+    }
+    const size_t chunk = input.nbytes() / n;
+    for (size_t m = 0; m < n; ++m) {
+      sizes[m] = input.nbytes();
+      lo[m] = me * chunk;
+      len[m] = chunk;
+      at[m] = m * chunk;
+    }
+  } else {
+    if (send_counts.size() != n || recv_counts.size() != n) {
+      co_return ops::invalid(group, kOp, fmt::format("{} send and {} receive counts for {} ranks", send_counts.size(),
+                                                     recv_counts.size(), n));
+    }
+    int64_t sent = 0, received = 0;
+    for (size_t j = 0; j < n; ++j) {
+      if (send_counts[j] < 0 || send_counts[j] > input.numel() || recv_counts[j] < 0 || recv_counts[j] > output.numel()) {
+        co_return ops::invalid(group, kOp, fmt::format("counts for rank {}: send {}, receive {} (input holds {} "
+                                                       "elements, output {})", j, send_counts[j], recv_counts[j],
+                                                       input.numel(), output.numel()));
+      }
+      sent += send_counts[j];
+      received += recv_counts[j];
+    }
+    if (sent != input.numel() || received != output.numel()) {
+      co_return ops::invalid(group, kOp, fmt::format("the send counts add up to {} (input {}), the receive counts to "
+                                                     "{} (output {})", sent, input.describe(), received,
+                                                     output.describe()));
+    }
+    Splits splits{n, std::vector<int64_t>(2 * n * n)};
+    std::vector<int64_t> row(send_counts.begin(), send_counts.end());
+    row.insert(row.end(), recv_counts.begin(), recv_counts.end());
+    const TensorView row_view(row.data(), DType::kI64, {static_cast<int64_t>(2 * n)});
+    const TensorView table_view(splits.table.data(), DType::kI64, {static_cast<int64_t>(2 * n * n)});
+    if (Status s = co_await all_gather_op(group, row_view, table_view, {}); !s.ok()) co_return s;
+    for (size_t m = 0; m < n; ++m) {
+      for (size_t j = 0; j < n; ++j) {
+        if (splits.send(m, j) != splits.recv(j, m)) {
+          co_return ops::invalid(group, kOp, fmt::format("rank {} sends {} elements to rank {}, which expects {}",
+                                                         group.ranks()[m], splits.send(m, j), group.ranks()[j],
+                                                         splits.recv(j, m)));
+        }
+      }
+    }
+    size_t into = 0;
+    for (size_t m = 0; m < n; ++m) {
+      size_t before = 0, total = 0;
+      for (size_t j = 0; j < n; ++j) {
+        if (j < me) before += static_cast<size_t>(splits.send(m, j));
+        total += static_cast<size_t>(splits.send(m, j));
+      }
+      sizes[m] = total * es;
+      lo[m] = before * es;
+      len[m] = static_cast<size_t>(splits.send(m, me)) * es;
+      at[m] = into;
+      into += len[m];
+    }
+  }
+  Group::Impl& i = *impl_of(group);
+  std::vector<size_t> first(n, 0);
+  size_t others = 0;
+  for (size_t m = 0; m < n; ++m) {
+    first[m] = others;
+    if (m != me) others += sizes[m];
+  }
+  std::vector<std::byte> kept;
+  if (i.net != nullptr) kept.resize(others);
+  auto* in = static_cast<std::byte*>(const_cast<void*>(input.data));
+  auto landing = [&](int m) -> std::byte* {
+    return static_cast<size_t>(m) == me ? in : kept.data() + first[static_cast<size_t>(m)];
+  };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  auto* out = static_cast<std::byte*>(output.data);
+  const bool stream_out = algo::streams_out(output.nbytes(), i.settings);
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t piece) {
+    const size_t m = static_cast<size_t>(member);
+    take_range(off, src, piece, lo[m], lo[m] + len[m], out + at[m], stream_out);
+  };
+  co_return co_await ops::gather_blocks(group, algo::OpCode::kAllToAll, static_cast<uint32_t>(input.dtype), in,
+                                        std::move(sizes), i.net != nullptr ? &landing_ref : nullptr, stream_out, sink);
+}
+
 engine::Task<Status> barrier_op(Group& group) {
   algo::GatherCall call;
   call.op = algo::OpCode::kBarrier;
@@ -242,6 +452,32 @@ Request start_broadcast(Group& group, const TensorView& data, int root) {
 }
 
 Status broadcast(Group& group, const TensorView& data, int root) { return ops::call<broadcast_op>(group, data, root); }
+
+Request start_gather(Group& group, const TensorView& input, const TensorView& output, int root) {
+  return ops::start<gather_op>(group, input, output, root);
+}
+
+Status gather(Group& group, const TensorView& input, const TensorView& output, int root) {
+  return ops::call<gather_op>(group, input, output, root);
+}
+
+Request start_scatter(Group& group, const TensorView& input, const TensorView& output, int root) {
+  return ops::start<scatter_op>(group, input, output, root);
+}
+
+Status scatter(Group& group, const TensorView& input, const TensorView& output, int root) {
+  return ops::call<scatter_op>(group, input, output, root);
+}
+
+Request start_all_to_all(Group& group, const TensorView& input, const TensorView& output,
+                         std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts) {
+  return ops::start<all_to_all_op>(group, input, output, send_counts, recv_counts);
+}
+
+Status all_to_all(Group& group, const TensorView& input, const TensorView& output, std::span<const int64_t> send_counts,
+                  std::span<const int64_t> recv_counts) {
+  return ops::call<all_to_all_op>(group, input, output, send_counts, recv_counts);
+}
 
 Request start_barrier(Group& group) { return ops::start<barrier_op>(group); }
 

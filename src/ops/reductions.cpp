@@ -172,7 +172,27 @@ engine::Task<Status> all_reduce_op(Group& group, const TensorView& input, const 
                                 static_cast<std::byte*>(output.data), options.stats);
 }
 
+// The all_reduce, its result kept by the root alone.
+engine::Task<Status> reduce_op(Group& group, const TensorView& data, int root, ReduceOptions options) {
+  constexpr const char* kOp = "reduce";
+  if (Status s = check_reduce_args(group, kOp, data, data, options.op); !s.ok()) co_return s;
+  if (root < 0 || root >= group.size()) {
+    co_return ops::invalid(group, kOp, fmt::format("root {} is not a member (group rank 0..{})", root, group.size() - 1));
+  }
+  std::vector<std::byte> discarded(group.rank() == root ? 0 : data.nbytes());
+  auto* out = group.rank() == root ? static_cast<std::byte*>(data.data) : discarded.data();
+  co_return co_await run_reduce(group, reduce_call(algo::OpCode::kAllReduce, data, options), out, options.stats);
+}
+
 }  // namespace
+
+Request start_reduce(Group& group, const TensorView& data, int root, const ReduceOptions& options) {
+  return ops::start<reduce_op>(group, data, root, options);
+}
+
+Status reduce(Group& group, const TensorView& data, int root, const ReduceOptions& options) {
+  return ops::call<reduce_op>(group, data, root, options);
+}
 
 Request start_reduce_scatter(Group& group, const TensorView& input, const TensorView& output, const ReduceOptions& options) {
   return ops::start<reduce_scatter_op>(group, input, output, options);

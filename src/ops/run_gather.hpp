@@ -2,7 +2,9 @@
 // across servers (with the failure reasons members publish to each other).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 #include <optional>
 
 #include <fmt/format.h>
@@ -73,6 +75,37 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Ca
               st.inter_ns,    st.single_copy,           st.streamed_in, st.in_place};
   }
   co_return s;
+}
+
+// Every member's block, sizes[m] bytes (this member's at `input`), each
+// piece handed to `sink` as it arrives: the all-gather schedule that the
+// uneven all-gather, gather, scatter and all_to_all share, so each runs
+// within a server and across servers the same way. The sizes travel in the
+// header (their hash, in aux) with `op`: members that disagree on either get
+// a mismatch. `landing` (same presence on every member): where each block is
+// kept whole, which single copy and the schedules across servers need; null,
+// then nothing is read by single copy and the group must be on one server.
+inline engine::Task<Status> gather_blocks(Group& group, algo::OpCode op, uint32_t dtype, const std::byte* input,
+                                          std::vector<size_t> sizes, algo::FunctionRef<std::byte*(int)>* landing,
+                                          bool stream_out, algo::PieceSink sink, Schedule schedule = Schedule::kAuto,
+                                          CallStats* stats = nullptr, uint64_t also = 0) {
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the sizes (and `also`: a root)
+  for (size_t b : sizes) {
+    for (int i = 0; i < 8; ++i) hash = (hash ^ ((b >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  }
+  for (int i = 0; i < 8; ++i) hash = (hash ^ ((also >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  algo::GatherCall call;
+  call.op = op;
+  call.dtype = dtype;
+  call.input = input;
+  call.schedule = schedule;
+  call.bytes = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  call.sizes = sizes.data();
+  call.aux = hash;
+  call.landing = landing;
+  call.copy_in = &impl_of(group)->copy_in;
+  call.stream_out = stream_out;
+  co_return co_await run_gather(group, call, plan_for(group, call), sink, stats);
 }
 
 }  // namespace fastgather::ops

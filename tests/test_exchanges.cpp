@@ -1,0 +1,241 @@
+// gather, scatter, all_to_all (even and uneven) and reduce: every byte
+// checked, every root, sizes from nothing to several pipeline steps, ranks
+// outnumbering cores, inputs in ordinary memory and in the symmetric heap,
+// within a server and across servers; members that disagree on the root get
+// a mismatch, all_to_all counts that disagree are refused on every member,
+// and the group goes on.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
+
+using namespace fastgather;
+
+namespace {
+
+// Byte i of what group rank `from` sends group rank `to` in iteration it.
+uint8_t byte_of(int from, int to, size_t i, uint64_t it) {
+  uint64_t x = (static_cast<uint64_t>(from + 1) << 48) ^ (static_cast<uint64_t>(to + 1) << 32) ^ i ^ (it << 56);
+  x *= 0x9E3779B97F4A7C15ull;
+  return static_cast<uint8_t>(x >> 56);
+}
+
+void fill(void* dst, size_t bytes, int from, int to, uint64_t it) {
+  auto* p = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < bytes; ++i) p[i] = byte_of(from, to, i, it);
+}
+
+// The first byte that is not what `from` sent `to`, or -1.
+long long wrong(const void* src, size_t bytes, int from, int to, uint64_t it) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (p[i] != byte_of(from, to, i, it)) return static_cast<long long>(i);
+  }
+  return -1;
+}
+
+// An input of `bytes`: in the group's heap, or ordinary memory.
+Result<Tensor> input_of(Group& g, size_t bytes, bool heap) {
+  const std::vector<int64_t> shape = {static_cast<int64_t>(bytes)};
+  return heap ? g.empty(DType::kU8, shape) : Tensor::allocate(DType::kU8, shape);
+}
+
+// Elements member `from` sends member `to` in an uneven all_to_all: zeros
+// among them, and one pair much larger than the others.
+int64_t count_of(int from, int to, size_t unit) {
+  const int64_t k = (from * 7 + to * 3) % 5;
+  return from == 0 && to == 1 ? static_cast<int64_t>(unit * 9 + 3) : k * static_cast<int64_t>(unit) + (k == 2 ? 1 : 0);
+}
+
+std::string every_exchange(const Config& c, const std::vector<size_t>& sizes, bool heap) {
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  Group& g = (*comm)->world();
+  const int n = g.size(), me = g.rank();
+  const size_t nn = static_cast<size_t>(n);
+  uint64_t it = 0;
+  for (size_t bytes : sizes) {
+    for (int root = 0; root < n; ++root) {
+      ++it;
+      // gather: block m of the root's output is member m's input.
+      auto in = input_of(g, bytes, heap);
+      RANK_OK(in.status());
+      fill(in->data(), bytes, me, root, it);
+      Tensor out = Tensor::empty(DType::kU8, {me == root ? static_cast<int64_t>(bytes * nn) : 0});
+      std::memset(out.data(), 0xEE, out.nbytes());
+      RANK_OK(gather(g, in->view(), out.view(), root));
+      for (int m = 0; me == root && m < n; ++m) {
+        const long long bad = wrong(static_cast<std::byte*>(out.data()) + static_cast<size_t>(m) * bytes, bytes, m, root, it);
+        RANK_CHECK(bad < 0, "gather of {} bytes to root {}: rank {}'s block wrong at byte {}", bytes, root, m, bad);
+      }
+      // scatter: chunk j of the root's input goes to member j.
+      auto all = input_of(g, me == root ? bytes * nn : 0, heap);
+      RANK_OK(all.status());
+      for (int j = 0; me == root && j < n; ++j) {
+        fill(static_cast<std::byte*>(all->data()) + static_cast<size_t>(j) * bytes, bytes, root, j, it);
+      }
+      Tensor mine = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+      std::memset(mine.data(), 0xEE, mine.nbytes());
+      RANK_OK(scatter(g, all->view(), mine.view(), root));
+      const long long bad = wrong(mine.data(), bytes, root, me, it);
+      RANK_CHECK(bad < 0, "scatter of {} bytes from root {}: wrong at byte {}", bytes, root, bad);
+    }
+    // all_to_all, even: part j of every input goes to member j.
+    ++it;
+    auto in = input_of(g, bytes * nn, heap);
+    RANK_OK(in.status());
+    for (int j = 0; j < n; ++j) fill(static_cast<std::byte*>(in->data()) + static_cast<size_t>(j) * bytes, bytes, me, j, it);
+    Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes * nn)});
+    std::memset(out.data(), 0xEE, out.nbytes());
+    RANK_OK(all_to_all(g, in->view(), out.view()));
+    for (int m = 0; m < n; ++m) {
+      const long long bad = wrong(static_cast<std::byte*>(out.data()) + static_cast<size_t>(m) * bytes, bytes, m, me, it);
+      RANK_CHECK(bad < 0, "all_to_all of {} bytes a part: rank {}'s part wrong at byte {}", bytes, m, bad);
+    }
+    // all_to_all, uneven (int32 elements: the counts are elements).
+    ++it;
+    std::vector<int64_t> send, recv;
+    for (int j = 0; j < n; ++j) send.push_back(count_of(me, j, bytes / 4));
+    for (int m = 0; m < n; ++m) recv.push_back(count_of(m, me, bytes / 4));
+    const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
+    const int64_t received = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+    auto vin = heap ? g.empty(DType::kI32, {sent}) : Tensor::allocate(DType::kI32, {sent});
+    RANK_OK(vin.status());
+    size_t at = 0;
+    for (int j = 0; j < n; ++j) {
+      fill(static_cast<std::byte*>(vin->data()) + at, static_cast<size_t>(send[static_cast<size_t>(j)]) * 4, me, j, it);
+      at += static_cast<size_t>(send[static_cast<size_t>(j)]) * 4;
+    }
+    Tensor vout = Tensor::empty(DType::kI32, {received});
+    std::memset(vout.data(), 0xEE, vout.nbytes());
+    RANK_OK(all_to_all(g, vin->view(), vout.view(), send, recv));
+    at = 0;
+    for (int m = 0; m < n; ++m) {
+      const size_t part = static_cast<size_t>(recv[static_cast<size_t>(m)]) * 4;
+      const long long bad = wrong(static_cast<std::byte*>(vout.data()) + at, part, m, me, it);
+      RANK_CHECK(bad < 0, "uneven all_to_all ({} bytes a unit): rank {}'s {} bytes wrong at byte {}", bytes, m, part, bad);
+      at += part;
+    }
+    // reduce: the root gets the sum, everyone else keeps its data.
+    const int64_t count = static_cast<int64_t>(bytes / 4);
+    for (int root = 0; root < n; ++root) {
+      std::vector<int32_t> data(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) data[static_cast<size_t>(i)] = static_cast<int32_t>(i * (me + 1) + root);
+      RANK_OK(reduce(g, TensorView(data.data(), DType::kI32, {count}), root));
+      for (int64_t i = 0; i < count; ++i) {
+        const int32_t want = me == root ? static_cast<int32_t>(i * (n * (n + 1) / 2) + root * n)
+                                        : static_cast<int32_t>(i * (me + 1) + root);
+        RANK_CHECK(data[static_cast<size_t>(i)] == want, "reduce to root {} of {} int32: element {} is {}, not {}", root,
+                   count, i, data[static_cast<size_t>(i)], want);
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+class Exchanges : public ::testing::TestWithParam<int> {};
+
+TEST_P(Exchanges, EveryByteOrdinaryMemory) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) {
+    return every_exchange(c, {0, 5, 33, 4099, 300000}, false);
+  }));
+}
+
+TEST_P(Exchanges, EveryByteFromTheHeap) {
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) {
+    return every_exchange(c, {64, 8192, 300000}, true);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Exchanges, ::testing::Values(2, 3, 5));
+
+// Two servers of two ranks (the hierarchical all-gather past 64 KiB) and
+// two of one rank each.
+TEST(Exchanges, AcrossServersEveryByte) {
+  for (int world : {4, 2}) {
+    fgtest::JobOptions o;
+    o.servers = 2;
+    o.token = "exchanges-across-servers";
+    o.timeout = std::chrono::milliseconds(20000);
+    fgtest::expect_all_ok(fgtest::run_job(world, [](const Config& c) {
+      return every_exchange(c, {0, 33, 70001}, false);
+    }, o));
+  }
+}
+
+// Members that disagree on the root get a mismatch naming the op on every
+// member; all_to_all counts that do not pair up are refused on every member,
+// naming the pair; the group goes on.
+TEST(Exchanges, DisagreementsAreFoundOnEveryMemberAndTheGroupGoesOn) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int root = g.rank() == 2 ? 1 : 0;
+    std::vector<uint8_t> in(40, 1), out(120, 0);
+    const TensorView vin(in.data(), DType::kU8, {40}), vout(out.data(), DType::kU8, {120});
+    Status s = gather(g, vin, vout, root);
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find("gather") != std::string::npos,
+               "gather, roots disagree: {}", s.to_string());
+    s = scatter(g, vout, vin, root);
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find("scatter") != std::string::npos,
+               "scatter, roots disagree: {}", s.to_string());
+    // Rank 1 expects 5 elements from rank 0, which sends it 4.
+    std::vector<int64_t> send = {4, 4, 4}, recv = {4, 4, 4};
+    if (g.rank() == 1) recv = {5, 3, 4};
+    std::vector<int32_t> a(12, 7), b(12, 0);
+    s = all_to_all(g, TensorView(a.data(), DType::kI32, {12}), TensorView(b.data(), DType::kI32, {12}), send, recv);
+    RANK_CHECK(s.kind() == ErrorKind::kInvalidArgument &&
+                   s.message().find("rank 0 sends 4 elements to rank 1, which expects 5") != std::string::npos,
+               "counts that disagree: {}", s.to_string());
+    // Agreeing again.
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(g.rank() * 50 + i);
+    RANK_OK(gather(g, vin, vout, 0));
+    for (int m = 0; g.rank() == 0 && m < 3; ++m) {
+      RANK_CHECK(out[static_cast<size_t>(m) * 40 + 39] == static_cast<uint8_t>(m * 50 + 39), "after: rank {}'s block", m);
+    }
+    return "";
+  }));
+}
+
+// Arguments no member could run with are refused before anything is sent,
+// naming what was wrong; a null pointer is never written through.
+TEST(Exchanges, BadArgumentsAreRefused) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> in(8), out(16);
+    const TensorView vin(in.data(), DType::kU8, {8}), vout(out.data(), DType::kU8, {16});
+    RANK_CHECK(gather(g, vin, vout, 2).kind() == ErrorKind::kInvalidArgument, "root 2 of 2");
+    RANK_CHECK(scatter(g, vout, vin, -1).kind() == ErrorKind::kInvalidArgument, "root -1");
+    RANK_CHECK(gather(g, vin, TensorView(out.data(), DType::kU8, {15}), g.rank()).kind() == ErrorKind::kInvalidArgument,
+               "a root's output of the wrong size");
+    RANK_CHECK(gather(g, vin, TensorView(nullptr, DType::kU8, {16}), g.rank()).kind() == ErrorKind::kInvalidArgument,
+               "a null output holding bytes");
+    RANK_CHECK(all_to_all(g, TensorView(in.data(), DType::kU8, {7}), TensorView(out.data(), DType::kU8, {7}))
+                       .kind() == ErrorKind::kInvalidArgument,
+               "7 elements between 2 ranks");
+    const std::vector<int64_t> negative = {-1, 9}, fine = {4, 4};
+    RANK_CHECK(all_to_all(g, vin, TensorView(out.data(), DType::kU8, {8}), negative, fine).kind() ==
+                   ErrorKind::kInvalidArgument,
+               "a negative count");
+    RANK_CHECK(all_to_all(g, vin, TensorView(in.data() + 4, DType::kU8, {4}), fine, fine).kind() ==
+                   ErrorKind::kInvalidArgument,
+               "overlapping input and output");
+    RANK_CHECK(reduce(g, vin, 5).kind() == ErrorKind::kInvalidArgument, "reduce to root 5");
+    // Still usable.
+    in.assign(8, static_cast<uint8_t>(g.rank() + 1));
+    RANK_OK(reduce(g, vin, 1));
+    RANK_CHECK(g.rank() != 1 || in[7] == 3, "reduce after the refusals: {}", in[7]);
+    return "";
+  }));
+}
