@@ -13,8 +13,9 @@ namespace {
 
 constexpr const char* kOnlyThese =
     "fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced, "
-    "all_gather_into_tensor_coalesced, all_reduce, all_reduce_coalesced, reduce_scatter, reduce_scatter_tensor "
-    "and its coalesced form (sum, avg, product, min, max, band, bor, bxor), broadcast and barrier; for other ops "
+    "all_gather_into_tensor_coalesced, all_reduce, all_reduce_coalesced, reduce, reduce_scatter, "
+    "reduce_scatter_tensor and its coalesced form (sum, avg, product, min, max, band, bor, bxor), broadcast, "
+    "gather, scatter, all_to_all, all_to_all_single and barrier; for other ops "
     "keep a gloo world "
     "(init_process_group(\"gloo\", ...)) and make the groups that gather and reduce with "
     "dist.new_group(ranks, backend=\"fastgather\")";
@@ -326,14 +327,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter(std::vecto
                     std::string("fastgather: ") + name + " is not supported by this backend. " + kOnlyThese); \
   }
 FG_UNSUPPORTED(allreduce_sparse, "allreduce_sparse", std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
-FG_UNSUPPORTED(reduce, "reduce", std::vector<at::Tensor>&, const c10d::ReduceOptions&)
-FG_UNSUPPORTED(gather, "gather", std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
-               const c10d::GatherOptions&)
-FG_UNSUPPORTED(scatter, "scatter", std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&,
-               const c10d::ScatterOptions&)
-FG_UNSUPPORTED(alltoall_base, "all_to_all_single", at::Tensor&, at::Tensor&, std::vector<int64_t>&,
-               std::vector<int64_t>&, const c10d::AllToAllOptions&)
-FG_UNSUPPORTED(alltoall, "all_to_all", std::vector<at::Tensor>&, std::vector<at::Tensor>&, const c10d::AllToAllOptions&)
 FG_UNSUPPORTED(send, "send", std::vector<at::Tensor>&, int, int)
 FG_UNSUPPORTED(recv, "recv", std::vector<at::Tensor>&, int, int)
 FG_UNSUPPORTED(recvAnysource, "recv (any source)", std::vector<at::Tensor>&, int)
@@ -403,6 +396,214 @@ void ProcessGroupFastgather::add_reduce_scatter(FastgatherWork& work, const at::
   work.flight().keep.push_back(out);
   start(work, group(),
         [&](fg::Group& g) { return fg::start_reduce_scatter(g, view_of(input), view_of(out), {.op = red}); });
+}
+
+void ProcessGroupFastgather::check_root(const char* op, int64_t root) const {
+  TORCH_CHECK_VALUE(root >= 0 && root < size_, "fastgather: ", op, " root ", root, " is outside the group of ", size_);
+}
+
+at::Tensor ProcessGroupFastgather::output_buffer(FastgatherWork& work, const at::Tensor& user) {
+  at::Tensor buf = user.is_contiguous() ? user : at::empty_like(user, at::MemoryFormat::Contiguous);
+  if (!buf.is_same(user)) chain_copy(work, user, buf);
+  work.flight().keep.push_back(buf);
+  return buf;
+}
+
+namespace {
+
+// The library's elements per element of t (complex: two reals).
+int64_t per_element(const at::Tensor& t) {
+  return static_cast<int64_t>(t.element_size() / fg::dtype_size(library_dtype(t).first));
+}
+
+// Elements of t per row of its first dimension.
+int64_t row_elements(const at::Tensor& t) {
+  int64_t row = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
+  return row;
+}
+
+// The parts of t's rows, as torch's split sizes say (none: equal parts), in
+// the library's elements.
+std::vector<int64_t> counts_of(const char* what, const at::Tensor& t, const std::vector<int64_t>& splits, int n) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  std::vector<int64_t> counts;
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(rows % n == 0, "fastgather: all_to_all_single: the ", what, " has ", rows,
+                      " rows, not a multiple of the ", n, " ranks (pass split sizes)");
+    counts.assign(static_cast<size_t>(n), rows / n);
+  } else {
+    TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == n, "fastgather: all_to_all_single: ", splits.size(), " ",
+                      what, " split sizes for ", n, " ranks");
+    counts = splits;
+  }
+  for (int64_t& c : counts) {
+    TORCH_CHECK_VALUE(c >= 0 && c <= rows, "fastgather: all_to_all_single: a ", what, " split of ", c, " rows (the ",
+                      what, " has ", rows, ")");
+    c *= row_elements(t) * per_element(t);
+  }
+  return counts;
+}
+
+}  // namespace
+
+// The root keeps every rank's input (fg::gather: within a server each input
+// is copied into shared memory once and only the root copies them out).
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                              std::vector<at::Tensor>& inputs,
+                                                              const c10d::GatherOptions& opts) {
+  constexpr const char* kOp = "gather";
+  TORCH_CHECK_VALUE(inputs.size() == 1, "fastgather: gather takes one input, got ", inputs.size());
+  check_root(kOp, opts.rootRank);
+  const at::Tensor& input = inputs[0];
+  check_tensor(input, kOp, "the input");
+  const bool am_root = opts.rootRank == rank_;
+  std::vector<at::Tensor> outs;
+  if (am_root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "fastgather: gather needs ",
+                      size_, " output tensors on the root, got ", outputs.empty() ? 0 : outputs[0].size());
+    for (const at::Tensor& o : outputs[0]) {
+      check_tensor(o, kOp, "an output");
+      TORCH_CHECK_TYPE(o.scalar_type() == input.scalar_type(), "fastgather: gather: an output is ", o.scalar_type(),
+                       ", the input ", input.scalar_type());
+      TORCH_CHECK_VALUE(o.numel() == input.numel(), "fastgather: gather: an output is ", o.sizes(), ", the input ",
+                        input.sizes());
+    }
+    outs = outputs[0];
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                      "fastgather: gather takes no output tensors on a rank other than the root");
+  }
+  auto work = make_work(c10d::OpType::GATHER, outs);
+  const at::Tensor in = input.contiguous();
+  at::Tensor all = at::empty({am_root ? size_ * input.numel() : 0}, input.options());
+  work->flight().keep.push_back(in);
+  work->flight().keep.push_back(all);
+  for (size_t m = 0; m < outs.size(); ++m) {
+    chain_copy(*work, outs[m], all.narrow(0, static_cast<int64_t>(m) * input.numel(), input.numel()).view_as(outs[m]));
+  }
+  const int root = static_cast<int>(opts.rootRank);
+  start(*work, group(), [&](fg::Group& g) { return fg::start_gather(g, view_of(in), view_of(all), root); });
+  return submit(work);
+}
+
+// Each rank gets its tensor of the root's list (fg::scatter).
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::scatter(std::vector<at::Tensor>& outputs,
+                                                               std::vector<std::vector<at::Tensor>>& inputs,
+                                                               const c10d::ScatterOptions& opts) {
+  constexpr const char* kOp = "scatter";
+  TORCH_CHECK_VALUE(outputs.size() == 1, "fastgather: scatter takes one output, got ", outputs.size());
+  check_root(kOp, opts.rootRank);
+  const at::Tensor& output = outputs[0];
+  check_tensor(output, kOp, "the output");
+  const bool am_root = opts.rootRank == rank_;
+  at::Tensor all = at::empty({0}, output.options());
+  if (am_root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "fastgather: scatter needs ",
+                      size_, " input tensors on the root, got ", inputs.empty() ? 0 : inputs[0].size());
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& in : inputs[0]) {
+      check_tensor(in, kOp, "an input");
+      TORCH_CHECK_TYPE(in.scalar_type() == output.scalar_type(), "fastgather: scatter: an input is ", in.scalar_type(),
+                       ", the output ", output.scalar_type());
+      TORCH_CHECK_VALUE(in.numel() == output.numel(), "fastgather: scatter: an input is ", in.sizes(), ", the output ",
+                        output.sizes());
+      flat.push_back(in.reshape({-1}));
+    }
+    all = at::cat(flat);
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                      "fastgather: scatter takes no input tensors on a rank other than the root");
+  }
+  auto work = make_work(c10d::OpType::SCATTER, outputs);
+  work->flight().keep.push_back(all);
+  const at::Tensor out = output_buffer(*work, output);
+  const int root = static_cast<int>(opts.rootRank);
+  start(*work, group(), [&](fg::Group& g) { return fg::start_scatter(g, view_of(all), view_of(out), root); });
+  return submit(work);
+}
+
+// all_to_all_single: rows of input to every rank by input_splits (none:
+// equal), rows from every rank into output by output_splits (fg::all_to_all).
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                     std::vector<int64_t>& output_splits,
+                                                                     std::vector<int64_t>& input_splits,
+                                                                     const c10d::AllToAllOptions& /*opts*/) {
+  constexpr const char* kOp = "all_to_all_single";
+  check_tensor(input, kOp, "the input");
+  check_tensor(output, kOp, "the output");
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "fastgather: ", kOp, ": the output is ",
+                   output.scalar_type(), ", the input ", input.scalar_type());
+  std::vector<int64_t> send, recv;
+  if (!input_splits.empty() || !output_splits.empty()) {
+    send = counts_of("input", input, input_splits, size_);
+    recv = counts_of("output", output, output_splits, size_);
+  } else {
+    TORCH_CHECK_VALUE(input.numel() == output.numel() && (input.dim() == 0 ? 1 : input.size(0)) % size_ == 0,
+                      "fastgather: ", kOp, ": the input ", input.sizes(), " and the output ", output.sizes(),
+                      " must hold as many elements, in rows a multiple of the ", size_, " ranks (or pass split sizes)");
+  }
+  auto work = make_work(c10d::OpType::ALLTOALL_BASE, {output});
+  const at::Tensor in = input.contiguous();
+  work->flight().keep.push_back(in);
+  const at::Tensor out = output_buffer(*work, output);
+  start(*work, group(), [&](fg::Group& g) { return fg::start_all_to_all(g, view_of(in), view_of(out), send, recv); });
+  return submit(work);
+}
+
+// all_to_all of lists: inputs[j] to rank j, outputs[m] from rank m, of any sizes.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::alltoall(std::vector<at::Tensor>& outputs,
+                                                                std::vector<at::Tensor>& inputs,
+                                                                const c10d::AllToAllOptions& /*opts*/) {
+  constexpr const char* kOp = "all_to_all";
+  TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+                    "fastgather: ", kOp, " needs ", size_, " inputs and outputs (one per rank of the group), got ",
+                    inputs.size(), " and ", outputs.size());
+  std::vector<at::Tensor> flat;
+  std::vector<int64_t> send, recv;
+  for (const at::Tensor& in : inputs) {
+    check_tensor(in, kOp, "an input");
+    TORCH_CHECK_TYPE(in.scalar_type() == inputs[0].scalar_type(), "fastgather: ", kOp, ": inputs of ",
+                     in.scalar_type(), " and ", inputs[0].scalar_type());
+    flat.push_back(in.reshape({-1}));
+    send.push_back(in.numel() * per_element(in));
+  }
+  int64_t total = 0;
+  for (const at::Tensor& o : outputs) {
+    check_tensor(o, kOp, "an output");
+    TORCH_CHECK_TYPE(o.scalar_type() == inputs[0].scalar_type(), "fastgather: ", kOp, ": an output is ",
+                     o.scalar_type(), ", the inputs ", inputs[0].scalar_type());
+    recv.push_back(o.numel() * per_element(o));
+    total += o.numel();
+  }
+  auto work = make_work(c10d::OpType::ALLTOALL, outputs);
+  const at::Tensor in = at::cat(flat);
+  at::Tensor all = at::empty({total}, outputs[0].options());
+  work->flight().keep.push_back(in);
+  work->flight().keep.push_back(all);
+  int64_t offset = 0;
+  for (const at::Tensor& o : outputs) {
+    chain_copy(*work, o, all.narrow(0, offset, o.numel()).view_as(o));
+    offset += o.numel();
+  }
+  start(*work, group(), [&](fg::Group& g) { return fg::start_all_to_all(g, view_of(in), view_of(all), send, recv); });
+  return submit(work);
+}
+
+// The root's tensor = the reduction of every rank's (fg::reduce); the others' stay as they were.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce(std::vector<at::Tensor>& tensors,
+                                                              const c10d::ReduceOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: reduce takes one tensor, got ", tensors.size());
+  at::Tensor& t = tensors[0];
+  const fg::ReduceOp red = check_reduce("reduce", t, "the tensor", opts.reduceOp);
+  check_root("reduce", opts.rootRank);
+  auto work = make_work(c10d::OpType::REDUCE, tensors);
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  if (!buf.is_same(t)) chain_copy(*work, t, buf);
+  work->flight().keep.push_back(buf);
+  const int root = static_cast<int>(opts.rootRank);
+  start(*work, group(), [&](fg::Group& g) { return fg::start_reduce(g, view_of(buf), root, {.op = red}); });
+  return submit(work);
 }
 
 }  // namespace fastgather_torch

@@ -59,15 +59,19 @@ class ProcessGroupFastgather : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
 
 #define FG_UNSUPPORTED(op, ...) c10::intrusive_ptr<c10d::Work> op(__VA_ARGS__) override;
   FG_UNSUPPORTED(allreduce_sparse, std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
-  FG_UNSUPPORTED(reduce, std::vector<at::Tensor>&, const c10d::ReduceOptions&)
-  FG_UNSUPPORTED(gather, std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&, const c10d::GatherOptions&)
-  FG_UNSUPPORTED(scatter, std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&, const c10d::ScatterOptions&)
-  FG_UNSUPPORTED(alltoall_base, at::Tensor&, at::Tensor&, std::vector<int64_t>&, std::vector<int64_t>&,
-                 const c10d::AllToAllOptions&)
-  FG_UNSUPPORTED(alltoall, std::vector<at::Tensor>&, std::vector<at::Tensor>&, const c10d::AllToAllOptions&)
   FG_UNSUPPORTED(send, std::vector<at::Tensor>&, int, int)
   FG_UNSUPPORTED(recv, std::vector<at::Tensor>&, int, int)
   FG_UNSUPPORTED(recvAnysource, std::vector<at::Tensor>&, int)
@@ -92,6 +96,10 @@ class ProcessGroupFastgather : public c10d::Backend {
   fg::ReduceOp check_reduce_scatter(const char* op, const at::Tensor& output, const at::Tensor& input,
                                     const c10d::ReduceOp& reduce_op) const;
   void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input, fg::ReduceOp red);
+  void check_root(const char* op, int64_t root) const;
+  // A contiguous buffer for `user` (itself where it is contiguous), copied
+  // back into it once the work's requests are done.
+  at::Tensor output_buffer(FastgatherWork& work, const at::Tensor& user);
 
   std::unique_ptr<fg::Communicator> comm_;
   std::string name_;

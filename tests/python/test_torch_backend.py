@@ -64,6 +64,11 @@ def test_every_reduction_and_dtype_matches_the_reference_and_gloo(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_gather_scatter_all_to_all_and_reduce_match_expected_and_gloo(world):
+    run_ranks(world, "exchanges")
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_all_gather_of_uneven_tensors(world):
     run_ranks(world, "uneven")
 

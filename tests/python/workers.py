@@ -261,6 +261,109 @@ def reductions(rank, world):
     dist.barrier(group=fg)
 
 
+def exchanges(rank, world):
+    """gather, scatter, all_to_all_single (equal and uneven splits, a non-contiguous output),
+    all_to_all of lists, reduce, gather_object and scatter_object_list, and DTensor's default
+    distribute_tensor (a scatter), every dtype, every root: the bytes every rank can compute, and
+    gloo's where gloo serves the dtype."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    gl = dist.new_group(list(range(world)), backend="gloo")
+
+    def both(fn):
+        """fn(group) on fastgather, and on gloo where gloo serves it."""
+        return fn(fg), gloo_or_none(lambda: fn(gl))
+
+    for dtype in DTYPES + [torch.complex64]:
+        for count in (0, 5, 40001):
+            for root in range(world):
+                salt = count * 10 + root
+                xs = [pattern(r, dtype, (count,), salt=salt) for r in range(world)]
+
+                def gathered(group):
+                    outs = [torch.full((count,), 7, dtype=dtype) for _ in range(world)] if rank == root else None
+                    dist.gather(xs[rank], outs, dst=root, group=group)
+                    return outs
+                ours, theirs = both(gathered)
+                for r in range(world if rank == root else 0):
+                    check(same_bytes(ours[r], xs[r]), f"gather {dtype} {count} root {root}: rank {r}'s tensor")
+                    check(theirs is None or same_bytes(theirs[r], ours[r]), f"gloo's gather {dtype} differs")
+
+                def scattered(group):
+                    out = torch.full((count,), 7, dtype=dtype)
+                    dist.scatter(out, [pattern(j, dtype, (count,), salt=salt + 1) for j in range(world)]
+                                 if rank == root else None, src=root, group=group)
+                    return out
+                ours, theirs = both(scattered)
+                check(same_bytes(ours, pattern(rank, dtype, (count,), salt=salt + 1)), f"scatter {dtype} {count} root {root}")
+                check(theirs is None or same_bytes(theirs, ours), f"gloo's scatter {dtype} differs")
+            # all_to_all_single, equal splits: part j of every input to rank j.
+            parts = [[pattern(r * world + j, dtype, (count, 2), salt=count) for j in range(world)] for r in range(world)]
+
+            def single(group):
+                out = torch.empty(world * count, 2, dtype=dtype)
+                dist.all_to_all_single(out, torch.cat(parts[rank]), group=group)
+                return out
+            ours, theirs = both(single)
+            check(same_bytes(ours, torch.cat([parts[m][rank] for m in range(world)])), f"all_to_all_single {dtype} {count}")
+            check(theirs is None or same_bytes(theirs, ours), f"gloo's all_to_all_single {dtype} differs")
+            # Uneven splits (zeros among them) into a non-contiguous output.
+            rows = [[(r * 3 + j * 5 + count) % 7 for j in range(world)] for r in range(world)]
+            send = [pattern(r * world + j, dtype, (rows[r][j], 3), salt=count + 2) for r in range(world) for j in range(world)]
+
+            def uneven(group, strided=False):
+                mine = torch.cat(send[rank * world:(rank + 1) * world])
+                received = sum(rows[m][rank] for m in range(world))
+                out = torch.empty(3, received, dtype=dtype).t() if strided else torch.empty(received, 3, dtype=dtype)
+                dist.all_to_all_single(out, mine, output_split_sizes=[rows[m][rank] for m in range(world)],
+                                       input_split_sizes=rows[rank], group=group)
+                return out
+            ours, theirs = both(uneven)
+            want = torch.cat([send[m * world + rank] for m in range(world)])
+            check(same_bytes(ours, want), f"uneven all_to_all_single {dtype} {count}")
+            check(theirs is None or same_bytes(theirs, ours), f"gloo's uneven all_to_all_single {dtype} differs")
+            # (gloo writes a strided output as if it were contiguous: not compared.)
+            strided = uneven(fg, strided=True)
+            check(not strided.is_contiguous() and same_bytes(strided.contiguous(), want),
+                  f"uneven all_to_all_single {dtype} {count} into a strided output")
+
+            # all_to_all of lists of different sizes.
+            def lists(group):
+                outs = [torch.empty(rows[m][rank], 3, dtype=dtype) for m in range(world)]
+                dist.all_to_all(outs, send[rank * world:(rank + 1) * world], group=group)
+                return outs
+            ours, theirs = both(lists)
+            for m in range(world):
+                check(same_bytes(ours[m], send[m * world + rank]), f"all_to_all {dtype} {count}: from rank {m}")
+                check(theirs is None or same_bytes(theirs[m], ours[m]), f"gloo's all_to_all {dtype} differs")
+    # reduce: the root's tensor is the reference's reduction.
+    for name in ("SUM", "MAX"):
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for root in range(world):
+                xs = [pattern(r, dtype, (1001,), salt=root) for r in range(world)]
+                y = xs[rank].clone()
+                dist.reduce(y, dst=root, op=getattr(dist.ReduceOp, name), group=fg)
+                if rank == root:
+                    check(same_bytes(y, reference(name, xs, world)), f"reduce {name} {dtype} to root {root}")
+                else:
+                    check(same_bytes(y, xs[rank]), f"reduce {name} {dtype}: a rank other than the root changed")
+    # The object helpers built on them.
+    objs = [None] * world if rank == 0 else None
+    dist.gather_object({"rank": rank, "data": list(range(rank + 2))}, objs, dst=0, group=fg)
+    if rank == 0:
+        check(objs == [{"rank": r, "data": list(range(r + 2))} for r in range(world)], f"gather_object: {objs}")
+    got = [None]
+    dist.scatter_object_list(got, [("to", r, "x" * (r * 100)) for r in range(world)] if rank == 0 else None, src=0,
+                             group=fg)
+    check(got[0] == ("to", rank, "x" * (rank * 100)), f"scatter_object_list: {got}")
+    # DTensor's default distribute_tensor scatters from rank 0.
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    full = torch.arange(world * 6, dtype=torch.float32).reshape(world * 2, 3) if rank == 0 else torch.zeros(world * 2, 3)
+    d = distribute_tensor(full, DeviceMesh.from_group(fg, "cpu"), [Shard(0)])
+    check(torch.equal(d.to_local(), torch.arange(world * 6, dtype=torch.float32).reshape(world * 2, 3)[rank * 2:rank * 2 + 2]),
+          f"distribute_tensor: {d.to_local()}")
+
+
 def fsdp2(rank, world):
     """FSDP2 with its defaults (reduce_scatter_tensor with AVG, all_gather_into_tensor) and
     clip_grad_norm_(inf) (an all_reduce MAX of DTensors) for 3 steps, on a mesh of a fastgather
@@ -336,9 +439,8 @@ def errors(rank, world):
     dist.all_gather(outs, x, group=fg)
     check([o[0].item() for o in outs] == [float(r) for r in range(world)], "group unusable after a mismatch")
     # Every other op names itself and the way out.
-    for name, call in [("reduce", lambda: dist.reduce(torch.zeros(2), dst=0, group=fg)),
-                       ("all_to_all", lambda: dist.all_to_all([torch.zeros(2)] * world, [torch.zeros(2)] * world, group=fg)),
-                       ("send", lambda: dist.send(torch.zeros(2), dst=(rank + 1) % world, group=fg))]:
+    for name, call in [("send", lambda: dist.send(torch.zeros(2), dst=(rank + 1) % world, group=fg)),
+                       ("recv", lambda: dist.recv(torch.zeros(2), src=(rank + 1) % world, group=fg))]:
         try:
             call()
             raise AssertionError(f"{name} did not raise")
