@@ -14,7 +14,8 @@ namespace {
 constexpr const char* kOnlyThese =
     "fastgather serves all_gather, all_gather_into_tensor, all_gather_coalesced, "
     "all_gather_into_tensor_coalesced, all_reduce, all_reduce_coalesced, reduce, reduce_scatter, "
-    "reduce_scatter_tensor and its coalesced form (sum, avg, product, min, max, band, bor, bxor), broadcast, "
+    "reduce_scatter_tensor and its coalesced form (sum, avg, product, min, max, band, bor, bxor, premul_sum), "
+    "broadcast, "
     "gather, scatter, all_to_all, all_to_all_single and barrier; for other ops "
     "keep a gloo world "
     "(init_process_group(\"gloo\", ...)) and make the groups that gather and reduce with "
@@ -41,6 +42,15 @@ fg::ReduceOp check_reduce(const char* op, const at::Tensor& t, const char* what,
   check_tensor(t, op, what);
   static constexpr const char* kNames[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
   const auto r = static_cast<unsigned>(reduce_op.op_);
+  if (r == c10d::ReduceOp::PREMUL_SUM) {
+    // A sum of the inputs each multiplied by the factor first (premultiplied()).
+    TORCH_CHECK_NOT_IMPLEMENTED(t.is_floating_point() || t.is_complex(), "fastgather: ", op,
+                                ": ReduceOp.PREMUL_SUM of ", t.scalar_type(),
+                                " is not supported (floating and complex dtypes only)");
+    TORCH_CHECK_VALUE(dynamic_cast<const c10d::PreMulSumSupplement*>(reduce_op.supplement_.get()) != nullptr,
+                      "fastgather: ", op, ": ReduceOp.PREMUL_SUM without its factor");
+    return fg::ReduceOp::kSum;
+  }
   TORCH_CHECK_NOT_IMPLEMENTED(r <= c10d::ReduceOp::BXOR, "fastgather: ", op, ": ReduceOp.",
                               r < std::size(kNames) ? kNames[r] : "?", " is not supported. ", kOnlyThese);
   const auto ours = static_cast<fg::ReduceOp>(r);  // the same order: SUM .. BXOR
@@ -59,6 +69,14 @@ fg::ReduceOp check_reduce(const char* op, const at::Tensor& t, const char* what,
   return ours;
 }
 
+// PREMUL_SUM: every rank's input times the factor (a scalar, or a tensor of
+// one element), in the input's dtype, to be summed; other reductions: t.
+at::Tensor premultiplied(const at::Tensor& t, const c10d::ReduceOp& reduce_op) {
+  if (reduce_op.op_ != c10d::ReduceOp::PREMUL_SUM) return t;
+  const auto* s = static_cast<const c10d::PreMulSumSupplement*>(reduce_op.supplement_.get());
+  return s->tensor_factor.defined() ? t.mul(s->tensor_factor.to(t.scalar_type())) : t.mul(s->double_factor);
+}
+
 // Once the requests are done: the user's tensor gets the contiguous buffer's bytes.
 void chain_copy(FastgatherWork& work, at::Tensor user, at::Tensor buf) {
   auto before = std::move(work.flight().on_success);
@@ -66,6 +84,15 @@ void chain_copy(FastgatherWork& work, at::Tensor user, at::Tensor buf) {
     if (before) before();
     user.copy_(buf);
   };
+}
+
+// The contiguous tensor an in-place reduction works on: t itself, or a copy
+// (t is not contiguous, or PREMUL_SUM's t x factor) copied back into t once done.
+at::Tensor reduce_buffer(FastgatherWork& work, at::Tensor& t, const c10d::ReduceOp& reduce_op) {
+  at::Tensor buf = premultiplied(t, reduce_op).contiguous();
+  if (!buf.is_same(t)) chain_copy(work, t, buf);
+  work.flight().keep.push_back(buf);
+  return buf;
 }
 
 // Starts one library request of the work (the flight is not shared yet).
@@ -240,9 +267,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce(std::vector<at:
   at::Tensor& t = tensors[0];
   const fg::ReduceOp red = check_reduce("all_reduce", t, "the tensor", opts.reduceOp);
   auto work = make_work(c10d::OpType::ALLREDUCE, tensors);
-  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  if (!buf.is_same(t)) chain_copy(*work, t, buf);
-  work->flight().keep.push_back(buf);
+  const at::Tensor buf = reduce_buffer(*work, t, opts.reduceOp);
   start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf), {.op = red}); });
   return submit(work);
 }
@@ -256,9 +281,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce_coalesced(std::
   for (const at::Tensor& t : tensors) red = check_reduce(kOp, t, "a tensor", opts.reduceOp);
   auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, tensors);
   for (at::Tensor& t : tensors) {
-    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-    if (!buf.is_same(t)) chain_copy(*work, t, buf);
-    work->flight().keep.push_back(buf);
+    const at::Tensor buf = reduce_buffer(*work, t, opts.reduceOp);
     start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf), {.op = red}); });
   }
   return submit(work);
@@ -273,7 +296,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter_tensor_coa
   fg::ReduceOp red = fg::ReduceOp::kSum;
   for (size_t i = 0; i < inputs.size(); ++i) red = check_reduce_scatter(kOp, outputs[i], inputs[i], opts.reduceOp);
   auto work = make_work(c10d::OpType::COALESCED, outputs);
-  for (size_t i = 0; i < inputs.size(); ++i) add_reduce_scatter(*work, outputs[i], inputs[i].contiguous(), red);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    add_reduce_scatter(*work, outputs[i], premultiplied(inputs[i], opts.reduceOp).contiguous(), red);
+  }
   return submit(work);
 }
 
@@ -293,7 +318,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_reduce_scatter_base(at::
                                                                             const c10d::ReduceScatterOptions& opts) {
   const fg::ReduceOp red = check_reduce_scatter("reduce_scatter_tensor", output, input, opts.reduceOp);
   auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
-  add_reduce_scatter(*work, output, input.contiguous(), red);
+  add_reduce_scatter(*work, output, premultiplied(input, opts.reduceOp).contiguous(), red);
   return submit(work);
 }
 
@@ -314,7 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter(std::vecto
     TORCH_CHECK_VALUE(in.scalar_type() == output.scalar_type() && in.numel() == output.numel(), "fastgather: ", kOp,
                       ": an input is ", in.scalar_type(), in.sizes(), ", the output ", output.scalar_type(),
                       output.sizes());
-    flat.push_back(in.reshape({-1}));
+    flat.push_back(premultiplied(in, opts.reduceOp).reshape({-1}));
   }
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, outputs);
   add_reduce_scatter(*work, output, at::cat(flat), red);
@@ -598,10 +623,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce(std::vector<at::Te
   const fg::ReduceOp red = check_reduce("reduce", t, "the tensor", opts.reduceOp);
   check_root("reduce", opts.rootRank);
   auto work = make_work(c10d::OpType::REDUCE, tensors);
-  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  if (!buf.is_same(t)) chain_copy(*work, t, buf);
-  work->flight().keep.push_back(buf);
   const int root = static_cast<int>(opts.rootRank);
+  // Only the root's tensor takes the result (others' stay as they were, PREMUL_SUM's too).
+  const at::Tensor buf = premultiplied(t, opts.reduceOp).contiguous();
+  if (!buf.is_same(t) && root == rank_) chain_copy(*work, t, buf);
+  work->flight().keep.push_back(buf);
   start(*work, group(), [&](fg::Group& g) { return fg::start_reduce(g, view_of(buf), root, {.op = red}); });
   return submit(work);
 }

@@ -217,7 +217,7 @@ def reference(name, xs, n):
 
 
 def reductions(rank, world):
-    """Every reduction torch names but PREMUL_SUM, for every dtype fastgather serves it for,
+    """Every reduction torch names, for every dtype fastgather serves it for,
     all_reduce and reduce_scatter_tensor: the bits of the reference on every rank, and gloo's
     answer where gloo gives one (exact but for float sums and products, whose order gloo picks)."""
     fg = dist.new_group(list(range(world)), backend="fastgather")
@@ -258,6 +258,29 @@ def reductions(rank, world):
                 chunk = [b[rank * count:(rank + 1) * count] for b in big]
                 check(same_bytes(out, reference(name, chunk, world)), f"reduce_scatter_tensor {name} {dtype} {count}")
     check(compared > 0, "gloo answered none of the reductions")
+    # PREMUL_SUM (gloo has none): every input times the factor in its dtype, then the sum; a
+    # scalar factor and a tensor one; all_reduce, reduce_scatter_tensor and reduce.
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for factor in (2.5, torch.tensor([0.375], dtype=dtype)):
+            op = dist._make_nccl_premul_sum(factor)
+            xs = [pattern(r, dtype, (1001,), salt=9) for r in range(world)]
+            want = reference("SUM", [x * factor for x in xs], world)
+            y = xs[rank].clone()
+            dist.all_reduce(y, op=op, group=fg)
+            check(same_bytes(y, want), f"all_reduce PREMUL_SUM {dtype} by {factor}")
+            y = xs[rank].clone()
+            dist.reduce(y, dst=world - 1, op=op, group=fg)
+            check(same_bytes(y, want if rank == world - 1 else xs[rank]), f"reduce PREMUL_SUM {dtype} by {factor}")
+            big = [pattern(r, dtype, (7 * world,), salt=10) for r in range(world)]
+            out = torch.empty(7, dtype=dtype)
+            dist.reduce_scatter_tensor(out, big[rank], op=op, group=fg)
+            check(same_bytes(out, reference("SUM", [b[rank * 7:(rank + 1) * 7] * factor for b in big], world)),
+                  f"reduce_scatter_tensor PREMUL_SUM {dtype} by {factor}")
+    try:
+        dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0), group=fg)
+        raise AssertionError("PREMUL_SUM of int32 did not raise")
+    except NotImplementedError as e:
+        check("PREMUL_SUM of Int" in str(e), str(e))
     dist.barrier(group=fg)
 
 
