@@ -159,6 +159,7 @@ c10::intrusive_ptr<FastgatherWork> ProcessGroupFastgather::make_work(c10d::OpTyp
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::submit(const c10::intrusive_ptr<FastgatherWork>& work) {
   work->submitted();
+  seq_.fetch_add(1, std::memory_order_relaxed);
   return work;
 }
 

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,6 +78,12 @@ class ProcessGroupFastgather : public c10d::Backend {
   FG_UNSUPPORTED(recvAnysource, std::vector<at::Tensor>&, int)
 #undef FG_UNSUPPORTED
 
+  // Sequence numbers, as gloo keeps them: from 0 when the group is made, one
+  // more for every collective submitted (the same on every member of a group
+  // whose members agree on the order of collectives).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(std::memory_order_relaxed); }
+
   // destroy_process_group: what was started completes (its callbacks run),
   // then the orderly end.
   void shutdown() override;
@@ -103,6 +110,7 @@ class ProcessGroupFastgather : public c10d::Backend {
 
   std::unique_ptr<fg::Communicator> comm_;
   std::string name_;
+  std::atomic<uint64_t> seq_{0};
 };
 
 // The group an hcom name (comm_name) stands for, or a ValueError.

@@ -378,6 +378,16 @@ def exchanges(rank, world):
     dist.scatter_object_list(got, [("to", r, "x" * (r * 100)) for r in range(world)] if rank == 0 else None, src=0,
                              group=fg)
     check(got[0] == ("to", rank, "x" * (rank * 100)), f"scatter_object_list: {got}")
+    # Sequence numbers, as gloo keeps them: one per collective, the same on every rank (asked
+    # of the backend: torch's ProcessGroup answers them only for its own backends).
+    backend = fg._get_backend(torch.device("cpu"))
+    backend._set_sequence_number_for_group()
+    before = backend._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(3), group=fg)
+    dist.barrier(group=fg)
+    seqs = [None] * world
+    dist.all_gather_object(seqs, backend._get_sequence_number_for_group(), group=gl)
+    check(seqs == [before + 2] * world, f"sequence numbers {seqs}, from {before}")
     # DTensor's default distribute_tensor scatters from rank 0.
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Shard, distribute_tensor
