@@ -74,6 +74,18 @@ std::string every_exchange(const Config& c, const std::vector<size_t>& sizes, bo
         const long long bad = wrong(static_cast<std::byte*>(out.data()) + static_cast<size_t>(m) * bytes, bytes, m, root, it);
         RANK_CHECK(bad < 0, "gather of {} bytes to root {}: rank {}'s block wrong at byte {}", bytes, root, m, bad);
       }
+      // The list form: each block into an output of its own.
+      std::vector<Tensor> blocks;
+      std::vector<TensorView> views;
+      for (int m = 0; me == root && m < n; ++m) {
+        blocks.push_back(Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)}));
+        views.push_back(blocks.back().view());
+      }
+      RANK_OK(gather(g, in->view(), std::span<const TensorView>(views), root));
+      for (int m = 0; me == root && m < n; ++m) {
+        const long long bad = wrong(blocks[static_cast<size_t>(m)].data(), bytes, m, root, it);
+        RANK_CHECK(bad < 0, "gather of {} bytes into a list, root {}: rank {}'s block wrong at byte {}", bytes, root, m, bad);
+      }
       // scatter: chunk j of the root's input goes to member j.
       auto all = input_of(g, me == root ? bytes * nn : 0, heap);
       RANK_OK(all.status());
@@ -232,6 +244,16 @@ TEST(Exchanges, BadArgumentsAreRefused) {
                    ErrorKind::kInvalidArgument,
                "overlapping input and output");
     RANK_CHECK(reduce(g, vin, 5).kind() == ErrorKind::kInvalidArgument, "reduce to root 5");
+    // A list whose output for another rank is the input: that block would land on bytes not
+    // yet sent (gather and all_gather alike).
+    std::vector<uint8_t> other(8);
+    const TensorView vother(other.data(), DType::kU8, {8});
+    const std::vector<TensorView> aliasing = g.rank() == 0 ? std::vector<TensorView>{vother, vin}
+                                                           : std::vector<TensorView>{vin, vother};
+    RANK_CHECK(gather(g, vin, std::span<const TensorView>(aliasing), g.rank()).kind() == ErrorKind::kInvalidArgument,
+               "gather into a list whose other block is the input");
+    RANK_CHECK(all_gather(g, vin, std::span<const TensorView>(aliasing)).kind() == ErrorKind::kInvalidArgument,
+               "all_gather into a list whose other block is the input");
     // Still usable.
     in.assign(8, static_cast<uint8_t>(g.rank() + 1));
     RANK_OK(reduce(g, vin, 1));

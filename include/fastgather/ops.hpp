@@ -195,6 +195,9 @@ Status broadcast(Group& group, const TensorView& data, int root);
 // blocks of input's size, back to back: block m is group rank m's input.
 Request start_gather(Group& group, const TensorView& input, const TensorView& output, int root);
 Status gather(Group& group, const TensorView& input, const TensorView& output, int root);
+// The same into a list of group.size() outputs of input's size (the root's; others pass none).
+Request start_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs, int root);
+Status gather(Group& group, const TensorView& input, std::span<const TensorView> outputs, int root);
 // scatter: input (group rank root only; ignored elsewhere) holds group.size()
 // chunks of output's size; every member's output gets chunk group.rank().
 Request start_scatter(Group& group, const TensorView& input, const TensorView& output, int root);

@@ -502,14 +502,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::gather(std::vector<std::v
   }
   auto work = make_work(c10d::OpType::GATHER, outs);
   const at::Tensor in = input.contiguous();
-  at::Tensor all = at::empty({am_root ? size_ * input.numel() : 0}, input.options());
   work->flight().keep.push_back(in);
-  work->flight().keep.push_back(all);
-  for (size_t m = 0; m < outs.size(); ++m) {
-    chain_copy(*work, outs[m], all.narrow(0, static_cast<int64_t>(m) * input.numel(), input.numel()).view_as(outs[m]));
-  }
+  // Straight into the root's outputs (a contiguous copy for one that is not).
+  std::vector<fg::TensorView> views;
+  for (const at::Tensor& o : outs) views.push_back(view_of(output_buffer(*work, o)));
   const int root = static_cast<int>(opts.rootRank);
-  start(*work, group(), [&](fg::Group& g) { return fg::start_gather(g, view_of(in), view_of(all), root); });
+  start(*work, group(), [&](fg::Group& g) {
+    return fg::start_gather(g, view_of(in), std::span<const fg::TensorView>(views), root);
+  });
   return submit(work);
 }
 

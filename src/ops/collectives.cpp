@@ -89,7 +89,9 @@ engine::Task<Status> all_gather_list_op(Group& group, const TensorView& input, s
       co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes){}", what, o.describe(),
                                                      o.nbytes(), input.describe(), bytes, own ? ", and it is this rank's" : ""));
     }
-    if (o.data != input.data && ops::overlaps(o.data, o.nbytes(), input.data, bytes)) {
+    // Only this rank's own output may be its input: a peer's block landing there
+    // would overwrite bytes not yet sent.
+    if (!(own && o.data == input.data) && ops::overlaps(o.data, o.nbytes(), input.data, bytes)) {
       co_return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
     }
   }
@@ -211,37 +213,19 @@ Status check_root(Group& group, const char* op, int root) {
 // where `kept` says) - n times the bytes a gather, scatter or all_to_all of
 // its own would move between servers.
 
-engine::Task<Status> gather_op(Group& group, const TensorView& input, const TensorView& output, int root) {
-  constexpr const char* kOp = "gather";
-  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
-  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+// The gather itself, its arguments checked: on the root block m lands at
+// (*at)(m); elsewhere `at` is null.
+engine::Task<Status> gather_to(Group& group, const TensorView& input, int root, algo::FunctionRef<std::byte*(int)>* at) {
   const size_t n = static_cast<size_t>(group.size());
   const size_t bytes = input.nbytes();
   const bool am_root = group.rank() == root;
   Group::Impl& i = *impl_of(group);
-  std::byte* out = nullptr;
-  if (am_root) {
-    if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
-    if (output.dtype != input.dtype) {
-      co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
-                                                     dtype_name(input.dtype)));
-    }
-    if (output.nbytes() != bytes * n) {
-      co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; {} ranks x {} input bytes need {}",
-                                                     output.describe(), output.nbytes(), n, bytes, bytes * n));
-    }
-    out = static_cast<std::byte*>(output.data);
-    if (input.data != out + static_cast<size_t>(root) * bytes && ops::overlaps(input.data, bytes, out, bytes * n)) {
-      co_return ops::invalid(group, kOp, "input overlaps output other than as the root's own block");
-    }
-  }
   // Across servers the schedules keep every block whole: on the others, here.
   std::vector<std::byte> kept;
-  if (i.net != nullptr && !am_root) {
-    kept.resize(bytes * n);
-    out = kept.data();
-  }
-  auto landing = [&](int member) -> std::byte* { return out + static_cast<size_t>(member) * bytes; };
+  if (i.net != nullptr && !am_root) kept.resize(bytes * n);
+  auto landing = [&](int member) -> std::byte* {
+    return am_root ? (*at)(member) : kept.data() + static_cast<size_t>(member) * bytes;
+  };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   const bool stream_out = am_root && algo::streams_out(bytes * n, i.settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
@@ -253,6 +237,61 @@ engine::Task<Status> gather_op(Group& group, const TensorView& input, const Tens
                                         static_cast<const std::byte*>(input.data), std::vector<size_t>(n, bytes),
                                         i.net != nullptr ? &landing_ref : nullptr, stream_out, sink, Schedule::kAuto,
                                         nullptr, static_cast<uint64_t>(root));
+}
+
+engine::Task<Status> gather_op(Group& group, const TensorView& input, const TensorView& output, int root) {
+  constexpr const char* kOp = "gather";
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
+  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+  const size_t n = static_cast<size_t>(group.size());
+  const size_t bytes = input.nbytes();
+  auto* out = static_cast<std::byte*>(output.data);
+  if (group.rank() == root) {
+    if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
+    if (output.dtype != input.dtype) {
+      co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
+                                                     dtype_name(input.dtype)));
+    }
+    if (output.nbytes() != bytes * n) {
+      co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; {} ranks x {} input bytes need {}",
+                                                     output.describe(), output.nbytes(), n, bytes, bytes * n));
+    }
+    if (input.data != out + static_cast<size_t>(root) * bytes && ops::overlaps(input.data, bytes, out, bytes * n)) {
+      co_return ops::invalid(group, kOp, "input overlaps output other than as the root's own block");
+    }
+  }
+  auto at = [&](int member) -> std::byte* { return out + static_cast<size_t>(member) * bytes; };
+  algo::FunctionRef<std::byte*(int)> at_ref(at);
+  co_return co_await gather_to(group, input, root, group.rank() == root ? &at_ref : nullptr);
+}
+
+engine::Task<Status> gather_list_op(Group& group, const TensorView& input, std::span<const TensorView> outputs, int root) {
+  constexpr const char* kOp = "gather(list)";
+  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
+  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+  if (group.rank() == root) {
+    if (outputs.size() != static_cast<size_t>(group.size())) {
+      co_return ops::invalid(group, kOp, fmt::format("{} output buffers for {} ranks", outputs.size(), group.size()));
+    }
+    for (size_t m = 0; m < outputs.size(); ++m) {
+      const TensorView& o = outputs[m];
+      const std::string what = fmt::format("outputs[{}]", m);
+      if (Status s = ops::need_data(group, kOp, what.c_str(), o); !s.ok()) co_return s;
+      if (o.dtype != input.dtype || o.nbytes() != input.nbytes()) {
+        co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes)", what, o.describe(),
+                                                       o.nbytes(), input.describe(), input.nbytes()));
+      }
+      // Only the root's own output may be its input: another block landing there would
+      // overwrite bytes not yet sent.
+      const bool own_in_place = m == static_cast<size_t>(root) && o.data == input.data;
+      if (!own_in_place && ops::overlaps(o.data, o.nbytes(), input.data, input.nbytes())) {
+        co_return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
+      }
+    }
+  }
+  auto at = [&](int member) -> std::byte* { return static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data); };
+  algo::FunctionRef<std::byte*(int)> at_ref(at);
+  co_return co_await gather_to(group, input, root, group.rank() == root ? &at_ref : nullptr);
 }
 
 engine::Task<Status> scatter_op(Group& group, const TensorView& input, const TensorView& output, int root) {
@@ -459,6 +498,14 @@ Request start_gather(Group& group, const TensorView& input, const TensorView& ou
 
 Status gather(Group& group, const TensorView& input, const TensorView& output, int root) {
   return ops::call<gather_op>(group, input, output, root);
+}
+
+Request start_gather(Group& group, const TensorView& input, std::span<const TensorView> outputs, int root) {
+  return ops::start<gather_list_op>(group, input, outputs, root);
+}
+
+Status gather(Group& group, const TensorView& input, std::span<const TensorView> outputs, int root) {
+  return ops::call<gather_list_op>(group, input, outputs, root);
 }
 
 Request start_scatter(Group& group, const TensorView& input, const TensorView& output, int root) {

@@ -12,6 +12,11 @@ also all_gather_into_tensor from an input in the group's symmetric heap
 (m, 3072) for the gathers, fp16 (2m, 3072) @ (3072, 16) for the matmul rows
 (same bytes). Then fg-bench runs the same sizes with the C++ API on ordinary
 memory (--input private: what a torch tensor is), medians too.
+
+    ... torch_bench.py --exchanges [--rounds 3]
+
+gather, scatter, all_to_all_single and reduce instead, gloo and fastgather in
+turn in every round.
 """
 import argparse
 import datetime
@@ -105,6 +110,67 @@ def rank_main(rank, world, port, q, backends):
     dist.destroy_process_group()
 
 
+EXCHANGES = ["gather", "scatter", "all_to_all_single", "reduce"]
+
+
+def rank_exchanges(rank, world, port, q, backends, rounds):
+    """--exchanges: gather, scatter, all_to_all_single and reduce (SUM) of fp32 (m, 3072) per rank
+    (all_to_all_single: that much in and out, in equal parts), each backend in turn in every round:
+    per backend, op and size, the median over rounds of each round's median of the slowest rank."""
+    import fastgather  # noqa: F401  (registers the backend)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    groups = {b: dist.new_group(list(range(world)), backend=b) for b in backends}
+    per_round = {}
+    for _ in range(rounds):
+        for backend in backends:
+            g = groups[backend]
+            for m in MS:
+                iters = max(10, 200 // max(1, m // 16))
+                x = torch.randn(m, HIDDEN)
+                outs = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
+                parts = [torch.randn(m, HIDDEN) for _ in range(world)] if rank == 0 else None
+                mine = torch.empty(m, HIDDEN)
+                a2a_in, a2a_out = torch.randn(world * (m // world or 1), HIDDEN), torch.empty(world * (m // world or 1), HIDDEN)
+                calls = {
+                    "gather": lambda: dist.gather(x, outs, dst=0, group=g),
+                    "scatter": lambda: dist.scatter(mine, parts, src=0, group=g),
+                    "all_to_all_single": lambda: dist.all_to_all_single(a2a_out, a2a_in, group=g),
+                    "reduce": lambda: dist.reduce(x, dst=0, group=g),
+                }
+                for op in EXCHANGES:
+                    try:
+                        v = median_slowest(calls[op], iters, g)
+                    except (RuntimeError, NotImplementedError):
+                        v = None
+                    per_round.setdefault((backend, op, m), []).append(v)
+    if rank == 0:
+        q.put({k: (None if None in v else statistics.median(v), v) for k, v in per_round.items()})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def print_exchanges(res, ranks, backends, rounds):
+    print(f"torch {torch.__version__}, {ranks} ranks, {os.cpu_count()} CPUs, {rounds} interleaved rounds; per op "
+          "and size the median over rounds of each round's median (us) of the slowest rank, [min-max of the rounds]\n")
+    print("| op | per-rank data | " + " | ".join(backends) + " | gloo / fastgather |")
+    print("|---|---:|" + "---:|" * len(backends) + "---:|")
+
+    def cell(v):
+        if v is None:
+            return "unsupported"
+        med, runs = v
+        return "unsupported" if med is None else f"{med * 1e6:.1f} [{min(runs) * 1e6:.0f}-{max(runs) * 1e6:.0f}]"
+    for op in EXCHANGES:
+        for m in MS:
+            kb = m * HIDDEN * 4 / 1024
+            size = f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
+            row = [res.get((b, op, m)) for b in backends]
+            g, f = res.get(("gloo", op, m)), res.get(("fastgather", op, m))
+            ratio = f"{g[0] / f[0]:.1f}x" if g and f and g[0] and f[0] else "-"
+            print(f"| {op} | {size} | " + " | ".join(cell(v) for v in row) + f" | {ratio} |")
+
+
 def fg_bench_medians(exe, world, port):
     out = subprocess.run([exe, "--m", ",".join(map(str, MS)), "--ops", "all_gather", "--no-compare", "--no-limits",
                           "--input", "private", "--port", str(port)], env=dict(os.environ, TP="1", DP=str(world), FG_NO_MPIRUN="1"),
@@ -124,10 +190,23 @@ def main():
     ap.add_argument("--fg-bench", default="", help="fg-bench binary for the C++ column")
     ap.add_argument("--backends", default="gloo,fastgather",
                     help="which to run (fastgather alone: its rows, e.g. to compare two builds in interleaved runs)")
+    ap.add_argument("--exchanges", action="store_true",
+                    help="gather, scatter, all_to_all_single and reduce instead, the backends interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="--exchanges: interleaved rounds")
     a = ap.parse_args()
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     backends = a.backends.split(",")
+    if a.exchanges:
+        procs = [ctx.Process(target=rank_exchanges, args=(r, a.ranks, a.port, q, backends, a.rounds))
+                 for r in range(a.ranks)]
+        for p in procs:
+            p.start()
+        res = q.get(timeout=3600)
+        for p in procs:
+            p.join()
+        print_exchanges(res, a.ranks, backends, a.rounds)
+        return
     procs = [ctx.Process(target=rank_main, args=(r, a.ranks, a.port, q, backends)) for r in range(a.ranks)]
     for p in procs:
         p.start()
