@@ -97,6 +97,18 @@ std::string every_exchange(const Config& c, const std::vector<size_t>& sizes, bo
       RANK_OK(scatter(g, all->view(), mine.view(), root));
       const long long bad = wrong(mine.data(), bytes, root, me, it);
       RANK_CHECK(bad < 0, "scatter of {} bytes from root {}: wrong at byte {}", bytes, root, bad);
+      // The list form: each chunk from an input of its own.
+      std::vector<Tensor> chunks;
+      std::vector<TensorView> chunk_views;
+      for (int j = 0; me == root && j < n; ++j) {
+        chunks.push_back(Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)}));
+        fill(chunks.back().data(), bytes, root, j, it + 1000);
+        chunk_views.push_back(chunks.back().view());
+      }
+      std::memset(mine.data(), 0xEE, mine.nbytes());
+      RANK_OK(scatter(g, std::span<const TensorView>(chunk_views), mine.view(), root));
+      const long long bad_list = wrong(mine.data(), bytes, root, me, it + 1000);
+      RANK_CHECK(bad_list < 0, "scatter of {} bytes from a list, root {}: wrong at byte {}", bytes, root, bad_list);
     }
     // all_to_all, even: part j of every input goes to member j.
     ++it;
@@ -254,6 +266,8 @@ TEST(Exchanges, BadArgumentsAreRefused) {
                "gather into a list whose other block is the input");
     RANK_CHECK(all_gather(g, vin, std::span<const TensorView>(aliasing)).kind() == ErrorKind::kInvalidArgument,
                "all_gather into a list whose other block is the input");
+    RANK_CHECK(scatter(g, std::span<const TensorView>(aliasing), vin, g.rank()).kind() == ErrorKind::kInvalidArgument,
+               "scatter from a list whose other chunk is the output");
     // Still usable.
     in.assign(8, static_cast<uint8_t>(g.rank() + 1));
     RANK_OK(reduce(g, vin, 1));

@@ -202,6 +202,9 @@ Status gather(Group& group, const TensorView& input, std::span<const TensorView>
 // chunks of output's size; every member's output gets chunk group.rank().
 Request start_scatter(Group& group, const TensorView& input, const TensorView& output, int root);
 Status scatter(Group& group, const TensorView& input, const TensorView& output, int root);
+// The same from a list of group.size() inputs of output's size (the root's; others pass none).
+Request start_scatter(Group& group, std::span<const TensorView> inputs, const TensorView& output, int root);
+Status scatter(Group& group, std::span<const TensorView> inputs, const TensorView& output, int root);
 // all_to_all: input holds this member's parts for every member in group-rank
 // order, output receives every member's part for this one in group-rank
 // order. Without counts the parts are equal (input and output hold the same

@@ -523,29 +523,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::scatter(std::vector<at::T
   const at::Tensor& output = outputs[0];
   check_tensor(output, kOp, "the output");
   const bool am_root = opts.rootRank == rank_;
-  at::Tensor all = at::empty({0}, output.options());
+  std::vector<at::Tensor> chunks;
   if (am_root) {
     TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "fastgather: scatter needs ",
                       size_, " input tensors on the root, got ", inputs.empty() ? 0 : inputs[0].size());
-    std::vector<at::Tensor> flat;
     for (const at::Tensor& in : inputs[0]) {
       check_tensor(in, kOp, "an input");
       TORCH_CHECK_TYPE(in.scalar_type() == output.scalar_type(), "fastgather: scatter: an input is ", in.scalar_type(),
                        ", the output ", output.scalar_type());
       TORCH_CHECK_VALUE(in.numel() == output.numel(), "fastgather: scatter: an input is ", in.sizes(), ", the output ",
                         output.sizes());
-      flat.push_back(in.reshape({-1}));
+      chunks.push_back(in.contiguous());
     }
-    all = at::cat(flat);
   } else {
     TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                       "fastgather: scatter takes no input tensors on a rank other than the root");
   }
   auto work = make_work(c10d::OpType::SCATTER, outputs);
-  work->flight().keep.push_back(all);
+  // Straight from the root's inputs (contiguous copies of those that are not).
+  std::vector<fg::TensorView> views;
+  for (const at::Tensor& c : chunks) {
+    work->flight().keep.push_back(c);
+    views.push_back(view_of(c));
+  }
   const at::Tensor out = output_buffer(*work, output);
   const int root = static_cast<int>(opts.rootRank);
-  start(*work, group(), [&](fg::Group& g) { return fg::start_scatter(g, view_of(all), view_of(out), root); });
+  start(*work, group(), [&](fg::Group& g) {
+    return fg::start_scatter(g, std::span<const fg::TensorView>(views), view_of(out), root);
+  });
   return submit(work);
 }
 

@@ -96,8 +96,8 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
   // A reduce-scatter step carries a piece for every member: it is inline
   // when the whole input rides in the post line.
   const bool scatters = !all_reduce || p.schedule == Schedule::kTwoShot;
-  // The fused op makes its pieces in the ring: never inline.
-  const bool produced = call.op == OpCode::kMatmulReduceScatter;
+  // The fused op (and a scatter) makes its pieces in the ring: never inline.
+  const bool produced = call.op == OpCode::kMatmulReduceScatter || call.op == OpCode::kScatter;
   p.protocol = call.bytes <= g.local.inline_bytes && p.schedule == Schedule::kOneShot && !produced ? Protocol::kInline
                                                                                                      : Protocol::kCopyInOut;
   const size_t align = std::max<size_t>(call.align, 1);
@@ -182,7 +182,9 @@ CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
     p.gathers_inputs = true;
     return p;
   }
-  if (sums || fused) return plan_reduction(g, call);
+  // A scatter within a server runs the reduce-scatter's steps (ops/collectives.cpp).
+  const bool scatters = call.op == OpCode::kScatter && g.topo.servers() == 1;
+  if (sums || fused || scatters) return plan_reduction(g, call);
   return plan_gather(g, call);
 }
 
@@ -271,7 +273,10 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h, con
     s += fmt::format(" with {}={}", call.aux_name, h.aux);
   }
   if (call.op == OpCode::kAllGatherV) s += fmt::format(" with block sizes #{:016x}", h.aux);
-  if (call.op == OpCode::kGather || call.op == OpCode::kScatter) s += fmt::format(" with root and block sizes #{:016x}", h.aux);
+  if (call.op == OpCode::kGather || call.op == OpCode::kScatter) {
+    s += std::string_view(call.aux_name) == "root" ? fmt::format(" with root={}", h.aux)
+                                                   : fmt::format(" with root and block sizes #{:016x}", h.aux);
+  }
   if (call.op == OpCode::kAllToAll) s += fmt::format(" with splits #{:016x}", h.aux);
   // A reduction is said where it is not the sum, or where the other's is not.
   if ((call.op == OpCode::kAllReduce || call.op == OpCode::kReduceScatter) &&

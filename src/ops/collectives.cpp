@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "algo/allgather.hpp"
+#include "algo/reduce.hpp"
 #include "core/group_impl.hpp"
 #include "ops/run_gather.hpp"
 #include "fastgather/ops.hpp"
@@ -294,6 +295,66 @@ engine::Task<Status> gather_list_op(Group& group, const TensorView& input, std::
   co_return co_await gather_to(group, input, root, group.rank() == root ? &at_ref : nullptr);
 }
 
+// The scatter itself, its arguments checked: on the root, chunk d (output's
+// size) starts at (*from)(d), and `whole` is all of them back to back where
+// they lie so (else null); elsewhere both are null.
+engine::Task<Status> scatter_from(Group& group, const TensorView& output, int root,
+                                  algo::FunctionRef<const std::byte*(int)>* from, const std::byte* whole) {
+  const size_t n = static_cast<size_t>(group.size());
+  const size_t bytes = output.nbytes();
+  const size_t me = static_cast<size_t>(group.rank());
+  const bool am_root = group.rank() == root;
+  Group::Impl& i = *impl_of(group);
+  auto* out = static_cast<std::byte*>(output.data);
+  const bool stream_out = algo::streams_out(bytes, i.settings);
+  if (i.net == nullptr) {
+    // Within a server, the reduce-scatter's steps: each holds the root's piece for
+    // every other member (its own chunk never enters the ring), and each member
+    // copies out its own; the others' pieces are left unwritten.
+    if (n == 1) {
+      const std::byte* own = (*from)(0);
+      if (bytes != 0 && out != own) std::memcpy(out, own, bytes);
+      co_return Status::Ok();
+    }
+    algo::GatherCall call;
+    call.op = algo::OpCode::kScatter;
+    call.dtype = static_cast<uint32_t>(output.dtype);
+    call.input = whole;
+    call.bytes = bytes * n;
+    call.aux = static_cast<uint64_t>(root);
+    call.aux_name = "root";
+    const algo::CallPlan plan = ops::plan_for(group, call);
+    std::vector<std::byte> scratch(plan.piece);
+    auto produce = [&](int d, size_t off, size_t len, std::byte* dst) {
+      if (am_root) std::memcpy(dst, (*from)(d) + off, len);
+    };
+    auto take = [&](size_t offset, const std::byte* const* srcs, int, size_t len) {
+      if (out + offset != srcs[root]) algo::copy_out(out + offset, srcs[root], len, stream_out);
+    };
+    co_return co_await algo::reduce_scatter_produced(*i.channel, call, plan, produce, scratch.data(), take);
+  }
+  // Across servers, the all-gather's: the root's block is all of its chunks back
+  // to back (put so here where they do not lie so); everyone else's is empty.
+  std::vector<std::byte> joined;
+  if (am_root && whole == nullptr) {
+    joined.resize(bytes * n);
+    for (size_t d = 0; d < n && bytes != 0; ++d) std::memcpy(joined.data() + d * bytes, (*from)(static_cast<int>(d)), bytes);
+    whole = joined.data();
+  }
+  std::vector<size_t> sizes(n, 0);
+  sizes[static_cast<size_t>(root)] = bytes * n;
+  std::vector<std::byte> kept;
+  if (!am_root) kept.resize(bytes * n);
+  auto landing = [&](int) -> std::byte* { return am_root ? const_cast<std::byte*>(whole) : kept.data(); };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
+    if (member == root) take_range(off, src, len, me * bytes, (me + 1) * bytes, out, stream_out);
+  };
+  co_return co_await ops::gather_blocks(group, algo::OpCode::kScatter, static_cast<uint32_t>(output.dtype), whole,
+                                        std::move(sizes), &landing_ref, stream_out, sink, Schedule::kAuto, nullptr,
+                                        static_cast<uint64_t>(root));
+}
+
 engine::Task<Status> scatter_op(Group& group, const TensorView& input, const TensorView& output, int root) {
   constexpr const char* kOp = "scatter";
   if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
@@ -301,10 +362,8 @@ engine::Task<Status> scatter_op(Group& group, const TensorView& input, const Ten
   const size_t n = static_cast<size_t>(group.size());
   const size_t bytes = output.nbytes();
   const size_t me = static_cast<size_t>(group.rank());
-  const bool am_root = group.rank() == root;
-  Group::Impl& i = *impl_of(group);
-  const std::byte* in = nullptr;
-  if (am_root) {
+  const auto* in = static_cast<const std::byte*>(input.data);
+  if (group.rank() == root) {
     if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
     if (output.dtype != input.dtype) {
       co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
@@ -314,26 +373,43 @@ engine::Task<Status> scatter_op(Group& group, const TensorView& input, const Ten
       co_return ops::invalid(group, kOp, fmt::format("input {} holds {} bytes; {} ranks x {} output bytes need {}",
                                                      input.describe(), input.nbytes(), n, bytes, bytes * n));
     }
-    in = static_cast<const std::byte*>(input.data);
     if (output.data != in + me * bytes && ops::overlaps(output.data, bytes, in, bytes * n)) {
       co_return ops::invalid(group, kOp, "output overlaps input other than as the root's own chunk");
     }
   }
-  // The root's block is its whole input; everyone else's is empty.
-  std::vector<size_t> sizes(n, 0);
-  sizes[static_cast<size_t>(root)] = bytes * n;
-  std::vector<std::byte> kept;
-  if (i.net != nullptr && !am_root) kept.resize(bytes * n);
-  auto landing = [&](int) -> std::byte* { return am_root ? const_cast<std::byte*>(in) : kept.data(); };
-  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
-  auto* out = static_cast<std::byte*>(output.data);
-  const bool stream_out = algo::streams_out(bytes, i.settings);
-  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
-    if (member == root) take_range(off, src, len, me * bytes, (me + 1) * bytes, out, stream_out);
-  };
-  co_return co_await ops::gather_blocks(group, algo::OpCode::kScatter, static_cast<uint32_t>(output.dtype), in,
-                                        std::move(sizes), i.net != nullptr ? &landing_ref : nullptr, stream_out, sink,
-                                        Schedule::kAuto, nullptr, static_cast<uint64_t>(root));
+  auto from = [&](int d) { return in + static_cast<size_t>(d) * bytes; };
+  algo::FunctionRef<const std::byte*(int)> from_ref(from);
+  const bool am_root = group.rank() == root;
+  co_return co_await scatter_from(group, output, root, am_root ? &from_ref : nullptr, am_root ? in : nullptr);
+}
+
+engine::Task<Status> scatter_list_op(Group& group, std::span<const TensorView> inputs, const TensorView& output, int root) {
+  constexpr const char* kOp = "scatter(list)";
+  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
+  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+  if (group.rank() == root) {
+    if (inputs.size() != static_cast<size_t>(group.size())) {
+      co_return ops::invalid(group, kOp, fmt::format("{} input buffers for {} ranks", inputs.size(), group.size()));
+    }
+    for (size_t d = 0; d < inputs.size(); ++d) {
+      const TensorView& in = inputs[d];
+      const std::string what = fmt::format("inputs[{}]", d);
+      if (Status s = ops::need_data(group, kOp, what.c_str(), in); !s.ok()) co_return s;
+      if (in.dtype != output.dtype || in.nbytes() != output.nbytes()) {
+        co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); output is {} ({} bytes)", what,
+                                                       in.describe(), in.nbytes(), output.describe(), output.nbytes()));
+      }
+      // Only the root's own chunk may be its output: the output is written while
+      // the other chunks are still being read.
+      const bool own_in_place = d == static_cast<size_t>(root) && in.data == output.data;
+      if (!own_in_place && ops::overlaps(in.data, in.nbytes(), output.data, output.nbytes())) {
+        co_return ops::invalid(group, kOp, fmt::format("{} overlaps the output", what));
+      }
+    }
+  }
+  auto from = [&](int d) { return static_cast<const std::byte*>(inputs[static_cast<size_t>(d)].data); };
+  algo::FunctionRef<const std::byte*(int)> from_ref(from);
+  co_return co_await scatter_from(group, output, root, group.rank() == root ? &from_ref : nullptr, nullptr);
 }
 
 // Counts (elements) each member sends to each and receives from each: every
@@ -514,6 +590,14 @@ Request start_scatter(Group& group, const TensorView& input, const TensorView& o
 
 Status scatter(Group& group, const TensorView& input, const TensorView& output, int root) {
   return ops::call<scatter_op>(group, input, output, root);
+}
+
+Request start_scatter(Group& group, std::span<const TensorView> inputs, const TensorView& output, int root) {
+  return ops::start<scatter_list_op>(group, inputs, output, root);
+}
+
+Status scatter(Group& group, std::span<const TensorView> inputs, const TensorView& output, int root) {
+  return ops::call<scatter_list_op>(group, inputs, output, root);
 }
 
 Request start_all_to_all(Group& group, const TensorView& input, const TensorView& output,
