@@ -68,6 +68,11 @@ def test_gather_scatter_all_to_all_and_reduce_match_expected_and_gloo(world):
     run_ranks(world, "exchanges")
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_dtensor_tp_defaults_and_checkpoint_save_load_match_gloo(world):
+    run_ranks(world, "tp_and_checkpoint")
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_all_gather_of_uneven_tensors(world):
     run_ranks(world, "uneven")

@@ -397,6 +397,45 @@ def exchanges(rank, world):
           f"distribute_tensor: {d.to_local()}")
 
 
+def tp_and_checkpoint(rank, world):
+    """DTensor tensor parallelism with its defaults (parallelize_module, whose distribute_tensor
+    scatters every shard from rank 0) for a forward and a backward, then
+    torch.distributed.checkpoint save, a perturbation and a load, on a mesh of a fastgather group
+    and of a gloo group: the same outputs, gradients and loaded parameters."""
+    import shutil
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    where = f"/tmp/fg-dcp-{os.getppid()}"  # the same on every rank: they share the test's process
+
+    def train(group):
+        mesh = DeviceMesh.from_group(group, "cpu")
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+        y = model(x)
+        y.sum().backward()
+        grads = [p.grad.full_tensor() for p in model.parameters()]
+        path = os.path.join(where, dist.get_backend(group))
+        dcp.save(model.state_dict(), checkpoint_id=path, process_group=group)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        state = model.state_dict()
+        dcp.load(state, checkpoint_id=path, process_group=group)
+        model.load_state_dict(state)
+        return [y] + grads + [p.full_tensor() for p in model.parameters()]
+
+    try:
+        same_as_gloo(world, train)
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(where, ignore_errors=True)
+
+
 def fsdp2(rank, world):
     """FSDP2 with its defaults (reduce_scatter_tensor with AVG, all_gather_into_tensor) and
     clip_grad_norm_(inf) (an all_reduce MAX of DTensors) for 3 steps, on a mesh of a fastgather
