@@ -255,6 +255,8 @@ TEST(Stall, SlowRankIsNoErrorMissingRankTimesOut) {
     Status s = gather_bytes(g, 1000);
     RANK_CHECK(s.kind() == ErrorKind::kTimeout, "{}", s.to_string());
     RANK_CHECK(s.message().find("rank 1 did not arrive within 800 ms") != std::string::npos, "{}", s.message());
+    // In the words torch's tests look for (" (Timed out|closed|timeout) ").
+    RANK_CHECK(s.to_string().find(" Timed out ") != std::string::npos, "{}", s.to_string());
     RANK_CHECK(s.peer() == 1, "peer() = {}", s.peer());
     // Not before the timeout; the upper bound is only against a hang (ASan, loaded cores).
     RANK_CHECK(ms_since(t0) >= 790 && ms_since(t0) < 10000, "{:.0f} ms", ms_since(t0));

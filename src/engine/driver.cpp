@@ -174,7 +174,11 @@ bool Driver::round(Clock::duration waited) {
     // check: what arrived before it left counts.
     if (!why.ok() && w.ready()) return true;
   }
-  if (why.ok() && Clock::now() > deadline_) why = w.timed_out(opt_.policy.timeout);
+  if (why.ok() && Clock::now() > deadline_) {
+    // Said in the words torch's tests (and users' scripts) look for.
+    const Status t = w.timed_out(opt_.policy.timeout);
+    why = {t.kind(), "Timed out waiting: " + t.message(), t.peer()};
+  }
   if (why.ok()) {
     if (opt_.policy.report.count() > 0 && waited >= next_report_) report(waited);
     return false;
