@@ -202,9 +202,58 @@ void take_range(size_t off, const std::byte* src, size_t len, size_t lo, size_t 
   if (d != s) algo::copy_out(d, s, to - from, stream_out);
 }
 
-Status check_root(Group& group, const char* op, int root) {
+// A rooted op's root, and the buffer every member passes (`one`).
+Status check_root(Group& group, const char* op, int root, const TensorView& one, const char* one_name) {
+  if (Status s = ops::need_data(group, op, one_name, one); !s.ok()) return s;
   if (root >= 0 && root < group.size()) return Status::Ok();
   return ops::invalid(group, op, fmt::format("root {} is not a member (group rank 0..{})", root, group.size() - 1));
+}
+
+// The root's whole buffer of a gather (output) or scatter (input):
+// group.size() blocks of `one`'s size back to back, of its dtype; `one` may
+// be the root's own block of it, and overlap nothing else of it.
+Status check_rooted_whole(Group& group, const char* op, const TensorView& whole, const char* whole_name,
+                          const TensorView& one, const char* one_name, int root) {
+  if (Status s = ops::need_data(group, op, whole_name, whole); !s.ok()) return s;
+  const size_t n = static_cast<size_t>(group.size()), bytes = one.nbytes();
+  if (whole.dtype != one.dtype) {
+    return ops::invalid(group, op, fmt::format("{} is {}, {} is {}", whole_name, dtype_name(whole.dtype), one_name,
+                                               dtype_name(one.dtype)));
+  }
+  if (whole.nbytes() != bytes * n) {
+    return ops::invalid(group, op, fmt::format("{} {} holds {} bytes; {} ranks x {} {} bytes need {}", whole_name,
+                                               whole.describe(), whole.nbytes(), n, bytes, one_name, bytes * n));
+  }
+  const auto* own = static_cast<const std::byte*>(whole.data) + static_cast<size_t>(root) * bytes;
+  if (one.data != own && ops::overlaps(one.data, bytes, whole.data, bytes * n)) {
+    return ops::invalid(group, op, fmt::format("{} overlaps {} other than as the root's own block", one_name, whole_name));
+  }
+  return Status::Ok();
+}
+
+// The root's list of a gather (outputs) or scatter (inputs): group.size()
+// buffers of `one`'s dtype and size, none overlapping `one` but the root's own,
+// which may be it (another block landing there, or read from there while `one`
+// is written, would meet bytes not yet sent or already overwritten).
+Status check_rooted_list(Group& group, const char* op, std::span<const TensorView> list, const char* list_name,
+                         const TensorView& one, const char* one_name, int root) {
+  if (list.size() != static_cast<size_t>(group.size())) {
+    return ops::invalid(group, op, fmt::format("{} {} for {} ranks", list.size(), list_name, group.size()));
+  }
+  for (size_t m = 0; m < list.size(); ++m) {
+    const TensorView& t = list[m];
+    const std::string what = fmt::format("{}[{}]", list_name, m);
+    if (Status s = ops::need_data(group, op, what.c_str(), t); !s.ok()) return s;
+    if (t.dtype != one.dtype || t.nbytes() != one.nbytes()) {
+      return ops::invalid(group, op, fmt::format("{} is {} ({} bytes); {} is {} ({} bytes)", what, t.describe(),
+                                                 t.nbytes(), one_name, one.describe(), one.nbytes()));
+    }
+    const bool own_in_place = m == static_cast<size_t>(root) && t.data == one.data;
+    if (!own_in_place && ops::overlaps(t.data, t.nbytes(), one.data, one.nbytes())) {
+      return ops::invalid(group, op, fmt::format("{} overlaps the {}", what, one_name));
+    }
+  }
+  return Status::Ok();
 }
 
 // gather, scatter and all_to_all are the all-gather's schedule (gather_blocks)
@@ -242,24 +291,11 @@ engine::Task<Status> gather_to(Group& group, const TensorView& input, int root, 
 
 engine::Task<Status> gather_op(Group& group, const TensorView& input, const TensorView& output, int root) {
   constexpr const char* kOp = "gather";
-  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
-  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
-  const size_t n = static_cast<size_t>(group.size());
+  if (Status s = check_root(group, kOp, root, input, "input"); !s.ok()) co_return s;
   const size_t bytes = input.nbytes();
   auto* out = static_cast<std::byte*>(output.data);
   if (group.rank() == root) {
-    if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
-    if (output.dtype != input.dtype) {
-      co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
-                                                     dtype_name(input.dtype)));
-    }
-    if (output.nbytes() != bytes * n) {
-      co_return ops::invalid(group, kOp, fmt::format("output {} holds {} bytes; {} ranks x {} input bytes need {}",
-                                                     output.describe(), output.nbytes(), n, bytes, bytes * n));
-    }
-    if (input.data != out + static_cast<size_t>(root) * bytes && ops::overlaps(input.data, bytes, out, bytes * n)) {
-      co_return ops::invalid(group, kOp, "input overlaps output other than as the root's own block");
-    }
+    if (Status s = check_rooted_whole(group, kOp, output, "output", input, "input", root); !s.ok()) co_return s;
   }
   auto at = [&](int member) -> std::byte* { return out + static_cast<size_t>(member) * bytes; };
   algo::FunctionRef<std::byte*(int)> at_ref(at);
@@ -268,27 +304,9 @@ engine::Task<Status> gather_op(Group& group, const TensorView& input, const Tens
 
 engine::Task<Status> gather_list_op(Group& group, const TensorView& input, std::span<const TensorView> outputs, int root) {
   constexpr const char* kOp = "gather(list)";
-  if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
-  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+  if (Status s = check_root(group, kOp, root, input, "input"); !s.ok()) co_return s;
   if (group.rank() == root) {
-    if (outputs.size() != static_cast<size_t>(group.size())) {
-      co_return ops::invalid(group, kOp, fmt::format("{} output buffers for {} ranks", outputs.size(), group.size()));
-    }
-    for (size_t m = 0; m < outputs.size(); ++m) {
-      const TensorView& o = outputs[m];
-      const std::string what = fmt::format("outputs[{}]", m);
-      if (Status s = ops::need_data(group, kOp, what.c_str(), o); !s.ok()) co_return s;
-      if (o.dtype != input.dtype || o.nbytes() != input.nbytes()) {
-        co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); input is {} ({} bytes)", what, o.describe(),
-                                                       o.nbytes(), input.describe(), input.nbytes()));
-      }
-      // Only the root's own output may be its input: another block landing there would
-      // overwrite bytes not yet sent.
-      const bool own_in_place = m == static_cast<size_t>(root) && o.data == input.data;
-      if (!own_in_place && ops::overlaps(o.data, o.nbytes(), input.data, input.nbytes())) {
-        co_return ops::invalid(group, kOp, fmt::format("{} overlaps the input", what));
-      }
-    }
+    if (Status s = check_rooted_list(group, kOp, outputs, "outputs", input, "input", root); !s.ok()) co_return s;
   }
   auto at = [&](int member) -> std::byte* { return static_cast<std::byte*>(outputs[static_cast<size_t>(member)].data); };
   algo::FunctionRef<std::byte*(int)> at_ref(at);
@@ -357,25 +375,11 @@ engine::Task<Status> scatter_from(Group& group, const TensorView& output, int ro
 
 engine::Task<Status> scatter_op(Group& group, const TensorView& input, const TensorView& output, int root) {
   constexpr const char* kOp = "scatter";
-  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
-  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
-  const size_t n = static_cast<size_t>(group.size());
+  if (Status s = check_root(group, kOp, root, output, "output"); !s.ok()) co_return s;
   const size_t bytes = output.nbytes();
-  const size_t me = static_cast<size_t>(group.rank());
   const auto* in = static_cast<const std::byte*>(input.data);
   if (group.rank() == root) {
-    if (Status s = ops::need_data(group, kOp, "input", input); !s.ok()) co_return s;
-    if (output.dtype != input.dtype) {
-      co_return ops::invalid(group, kOp, fmt::format("output is {}, input is {}", dtype_name(output.dtype),
-                                                     dtype_name(input.dtype)));
-    }
-    if (input.nbytes() != bytes * n) {
-      co_return ops::invalid(group, kOp, fmt::format("input {} holds {} bytes; {} ranks x {} output bytes need {}",
-                                                     input.describe(), input.nbytes(), n, bytes, bytes * n));
-    }
-    if (output.data != in + me * bytes && ops::overlaps(output.data, bytes, in, bytes * n)) {
-      co_return ops::invalid(group, kOp, "output overlaps input other than as the root's own chunk");
-    }
+    if (Status s = check_rooted_whole(group, kOp, input, "input", output, "output", root); !s.ok()) co_return s;
   }
   auto from = [&](int d) { return in + static_cast<size_t>(d) * bytes; };
   algo::FunctionRef<const std::byte*(int)> from_ref(from);
@@ -385,27 +389,9 @@ engine::Task<Status> scatter_op(Group& group, const TensorView& input, const Ten
 
 engine::Task<Status> scatter_list_op(Group& group, std::span<const TensorView> inputs, const TensorView& output, int root) {
   constexpr const char* kOp = "scatter(list)";
-  if (Status s = ops::need_data(group, kOp, "output", output); !s.ok()) co_return s;
-  if (Status s = check_root(group, kOp, root); !s.ok()) co_return s;
+  if (Status s = check_root(group, kOp, root, output, "output"); !s.ok()) co_return s;
   if (group.rank() == root) {
-    if (inputs.size() != static_cast<size_t>(group.size())) {
-      co_return ops::invalid(group, kOp, fmt::format("{} input buffers for {} ranks", inputs.size(), group.size()));
-    }
-    for (size_t d = 0; d < inputs.size(); ++d) {
-      const TensorView& in = inputs[d];
-      const std::string what = fmt::format("inputs[{}]", d);
-      if (Status s = ops::need_data(group, kOp, what.c_str(), in); !s.ok()) co_return s;
-      if (in.dtype != output.dtype || in.nbytes() != output.nbytes()) {
-        co_return ops::invalid(group, kOp, fmt::format("{} is {} ({} bytes); output is {} ({} bytes)", what,
-                                                       in.describe(), in.nbytes(), output.describe(), output.nbytes()));
-      }
-      // Only the root's own chunk may be its output: the output is written while
-      // the other chunks are still being read.
-      const bool own_in_place = d == static_cast<size_t>(root) && in.data == output.data;
-      if (!own_in_place && ops::overlaps(in.data, in.nbytes(), output.data, output.nbytes())) {
-        co_return ops::invalid(group, kOp, fmt::format("{} overlaps the output", what));
-      }
-    }
+    if (Status s = check_rooted_list(group, kOp, inputs, "inputs", output, "output", root); !s.ok()) co_return s;
   }
   auto from = [&](int d) { return static_cast<const std::byte*>(inputs[static_cast<size_t>(d)].data); };
   algo::FunctionRef<const std::byte*(int)> from_ref(from);
