@@ -256,12 +256,13 @@ Status check_rooted_list(Group& group, const char* op, std::span<const TensorVie
   return Status::Ok();
 }
 
-// gather, scatter and all_to_all are the all-gather's schedule (gather_blocks)
-// with sinks that keep only what is theirs: within a server each member
-// copies its bytes into shared memory once and each reader copies out only
-// its part; across servers every block still reaches every member (kept
-// where `kept` says) - n times the bytes a gather, scatter or all_to_all of
-// its own would move between servers.
+// gather and all_to_all are the all-gather's schedule (gather_blocks) with
+// sinks that keep only what is theirs: within a server each member copies its
+// bytes into shared memory once and each reader copies out only its part. A
+// scatter within a server runs the reduce-scatter's steps (scatter_from).
+// Across servers all three are the all-gather's, and every block still
+// reaches every member (kept where `kept` says) - n times the bytes a gather,
+// scatter or all_to_all of its own would move between servers.
 
 // The gather itself, its arguments checked: on the root block m lands at
 // (*at)(m); elsewhere `at` is null.
