@@ -471,6 +471,29 @@ std::vector<int64_t> counts_of(const char* what, const at::Tensor& t, const std:
   return counts;
 }
 
+// The root's list of a gather (outputs) or scatter (inputs), checked against
+// `one` (the input or output every rank passes); none elsewhere, where torch
+// passes no list or one empty list.
+std::vector<at::Tensor> rooted_list(const char* op, std::vector<std::vector<at::Tensor>>& lists, bool am_root, int size,
+                                    const at::Tensor& one, const char* list_word, const char* one_word) {
+  if (!am_root) {
+    TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "fastgather: ", op, " takes no ",
+                      list_word, " tensors on a rank other than the root");
+    return {};
+  }
+  TORCH_CHECK_VALUE(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "fastgather: ", op, " needs ", size,
+                    " ", list_word, " tensors on the root, got ", lists.empty() ? 0 : lists[0].size());
+  const std::string an = std::string("an ") + list_word;
+  for (const at::Tensor& t : lists[0]) {
+    check_tensor(t, op, an.c_str());
+    TORCH_CHECK_TYPE(t.scalar_type() == one.scalar_type(), "fastgather: ", op, ": ", an, " is ", t.scalar_type(),
+                     ", the ", one_word, " ", one.scalar_type());
+    TORCH_CHECK_VALUE(t.numel() == one.numel(), "fastgather: ", op, ": ", an, " is ", t.sizes(), ", the ", one_word,
+                      " ", one.sizes());
+  }
+  return lists[0];
+}
+
 }  // namespace
 
 // The root keeps every rank's input (fg::gather: within a server each input
@@ -483,23 +506,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::gather(std::vector<std::v
   check_root(kOp, opts.rootRank);
   const at::Tensor& input = inputs[0];
   check_tensor(input, kOp, "the input");
-  const bool am_root = opts.rootRank == rank_;
-  std::vector<at::Tensor> outs;
-  if (am_root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "fastgather: gather needs ",
-                      size_, " output tensors on the root, got ", outputs.empty() ? 0 : outputs[0].size());
-    for (const at::Tensor& o : outputs[0]) {
-      check_tensor(o, kOp, "an output");
-      TORCH_CHECK_TYPE(o.scalar_type() == input.scalar_type(), "fastgather: gather: an output is ", o.scalar_type(),
-                       ", the input ", input.scalar_type());
-      TORCH_CHECK_VALUE(o.numel() == input.numel(), "fastgather: gather: an output is ", o.sizes(), ", the input ",
-                        input.sizes());
-    }
-    outs = outputs[0];
-  } else {
-    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                      "fastgather: gather takes no output tensors on a rank other than the root");
-  }
+  const std::vector<at::Tensor> outs = rooted_list(kOp, outputs, opts.rootRank == rank_, size_, input, "output", "input");
   auto work = make_work(c10d::OpType::GATHER, outs);
   const at::Tensor in = input.contiguous();
   work->flight().keep.push_back(in);
@@ -522,22 +529,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::scatter(std::vector<at::T
   check_root(kOp, opts.rootRank);
   const at::Tensor& output = outputs[0];
   check_tensor(output, kOp, "the output");
-  const bool am_root = opts.rootRank == rank_;
   std::vector<at::Tensor> chunks;
-  if (am_root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "fastgather: scatter needs ",
-                      size_, " input tensors on the root, got ", inputs.empty() ? 0 : inputs[0].size());
-    for (const at::Tensor& in : inputs[0]) {
-      check_tensor(in, kOp, "an input");
-      TORCH_CHECK_TYPE(in.scalar_type() == output.scalar_type(), "fastgather: scatter: an input is ", in.scalar_type(),
-                       ", the output ", output.scalar_type());
-      TORCH_CHECK_VALUE(in.numel() == output.numel(), "fastgather: scatter: an input is ", in.sizes(), ", the output ",
-                        output.sizes());
-      chunks.push_back(in.contiguous());
-    }
-  } else {
-    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                      "fastgather: scatter takes no input tensors on a rank other than the root");
+  for (const at::Tensor& in : rooted_list(kOp, inputs, opts.rootRank == rank_, size_, output, "input", "output")) {
+    chunks.push_back(in.contiguous());
   }
   auto work = make_work(c10d::OpType::SCATTER, outputs);
   // Straight from the root's inputs (contiguous copies of those that are not).
