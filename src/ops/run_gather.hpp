@@ -89,11 +89,12 @@ inline engine::Task<Status> gather_blocks(Group& group, algo::OpCode op, uint32_
                                           std::vector<size_t> sizes, algo::FunctionRef<std::byte*(int)>* landing,
                                           bool stream_out, algo::PieceSink sink, Schedule schedule = Schedule::kAuto,
                                           CallStats* stats = nullptr, uint64_t also = 0) {
-  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the sizes (and `also`: a root)
-  for (size_t b : sizes) {
-    for (int i = 0; i < 8; ++i) hash = (hash ^ ((b >> (8 * i)) & 0xff)) * 0x100000001b3ull;
-  }
-  for (int i = 0; i < 8; ++i) hash = (hash ^ ((also >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the sizes, then `also` (a root)
+  auto mix = [&hash](uint64_t v) {
+    for (int i = 0; i < 8; ++i) hash = (hash ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  };
+  for (size_t b : sizes) mix(b);
+  mix(also);
   algo::GatherCall call;
   call.op = op;
   call.dtype = dtype;
