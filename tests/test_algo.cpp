@@ -13,6 +13,7 @@
 #include "algo/lockstep.hpp"
 #include "algo/plan.hpp"
 #include "algo/thresholds.hpp"
+#include "transport/shm_channel.hpp"
 
 #include <fmt/format.h>
 

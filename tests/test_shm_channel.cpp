@@ -37,9 +37,8 @@ struct Pair {
 Result<const PostLine*> wait_on(ShmChannel& ch, const WaitPolicy& p, int member, uint64_t step) {
   const PostLine* got = nullptr;
   auto op = [&]() -> engine::Task<Status> {
-    auto r = co_await engine::arrival(ch, member, step);
-    if (!r.ok()) co_return r.status();
-    got = r.value();
+    if (Status r = co_await engine::arrival(ch, member, step); !r.ok()) co_return r;
+    got = &ch.line(member, step);
     co_return Status::Ok();
   };
   engine::DriveOptions o;

@@ -19,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 using transport::NetChannel;
 using transport::NetIov;
 using transport::PostHeader;
-using transport::ShmChannel;
+using transport::Channel;
 
 // Nanoseconds since t, for the stats' split of a call's time.
 double ns_since(Clock::time_point t) { return std::chrono::duration<double, std::nano>(Clock::now() - t).count(); }
@@ -113,7 +113,7 @@ class Exchange {
 // come and what is in flight is dropped; stats, when set, get the intra- and
 // inter-server times and whether headers were compared.
 template <class Run>
-engine::Task<Status> run_across(ShmChannel& local, NetChannel& net, const GatherCall& call, const CallPlan& plan,
+engine::Task<Status> run_across(Channel& local, NetChannel& net, const GatherCall& call, const CallPlan& plan,
                                 const char* what, Run& run) {
   if (!net.broken().ok()) co_return net.broken();
   if (!local.broken().ok()) co_return local.broken();
@@ -137,7 +137,7 @@ engine::Task<Status> run_across(ShmChannel& local, NetChannel& net, const Gather
 // The all-gather across servers: direct or hierarchical (across.hpp).
 class Across {
  public:
-  Across(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
+  Across(Channel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
          PieceSink sink)
       : local_(local), net_(net), topo_(topo), call_(call), plan_(plan), sink_(sink) {}
 
@@ -325,7 +325,7 @@ class Across {
     co_return co_await ex_->sends_done();
   }
 
-  ShmChannel& local_;
+  Channel& local_;
   NetChannel& net_;
   const Topology& topo_;
   const GatherCall& call_;
@@ -341,7 +341,7 @@ class Across {
 // The sums across servers, hierarchical (across.hpp).
 class SumAcross {
  public:
-  SumAcross(ShmChannel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
+  SumAcross(Channel& local, NetChannel& net, const Topology& topo, const GatherCall& call, const CallPlan& plan,
             std::byte* out, SumsAcross sums)
       : local_(local), net_(net), topo_(topo), call_(call), plan_(plan), out_(out), sums_(sums), layout_(topo, call),
         scatter_(scatters(call)), j_(net.me() - topo.first[topo.mine]),
@@ -473,7 +473,7 @@ class SumAcross {
     co_return co_await scatter_sums(st, layout_.slabs, 0, sum_ref, &produce_ref, own_ + wide(slab));
   }
 
-  ShmChannel& local_;
+  Channel& local_;
   NetChannel& net_;
   const Topology& topo_;
   const GatherCall& call_;
@@ -492,13 +492,13 @@ class SumAcross {
 
 }  // namespace
 
-engine::Task<Status> gather_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
+engine::Task<Status> gather_across(Channel& local, NetChannel& net, const Topology& topo, GatherCall call,
                                    const CallPlan& plan, PieceSink sink) {
   Across run(local, net, topo, call, plan, sink);
   co_return co_await run_across(local, net, call, plan, "block", run);
 }
 
-engine::Task<Status> sum_across(ShmChannel& local, NetChannel& net, const Topology& topo, GatherCall call,
+engine::Task<Status> sum_across(Channel& local, NetChannel& net, const Topology& topo, GatherCall call,
                                 const CallPlan& plan, std::byte* out, SumsAcross sums) {
   SumAcross run(local, net, topo, call, plan, out, sums);
   co_return co_await run_across(local, net, call, plan, "partial sums", run);

@@ -51,7 +51,7 @@
 #include "engine/task.hpp"
 #include "fastgather/status.hpp"
 #include "transport/net_channel.hpp"
-#include "transport/shm_channel.hpp"
+#include "transport/channel.hpp"
 
 namespace fastgather::algo {
 
@@ -67,7 +67,7 @@ struct Pieces {
 // Runs `plan` (plan_call's for this call: direct or hierarchical). On
 // failure both channels are broken, so every later call on the group fails
 // at once. A coroutine: `sink`, `plan` and what call points to must outlive it.
-engine::Task<Status> gather_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
+engine::Task<Status> gather_across(transport::Channel& local, transport::NetChannel& net, const Topology& topo,
                                    GatherCall call, const CallPlan& plan, PieceSink sink);
 
 // sum(dst, srcs, n, bytes): dst = srcs[0] + ... + srcs[n-1], element-wise,
@@ -91,7 +91,7 @@ struct SumsAcross {
 // kMatmulReduceScatter with sums.produce (out unused: of_partials writes the
 // result); `plan` is plan_call's (hierarchical). On failure both channels
 // are broken, as in gather_across.
-engine::Task<Status> sum_across(transport::ShmChannel& local, transport::NetChannel& net, const Topology& topo,
+engine::Task<Status> sum_across(transport::Channel& local, transport::NetChannel& net, const Topology& topo,
                                 GatherCall call, const CallPlan& plan, std::byte* out, SumsAcross sums);
 
 }  // namespace fastgather::algo

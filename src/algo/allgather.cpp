@@ -17,6 +17,7 @@
 #include "base/caches.hpp"
 #include "base/huge_pages.hpp"
 #include "engine/waits.hpp"
+#include "transport/shm_heap.hpp"
 
 namespace fastgather::algo {
 
@@ -42,7 +43,7 @@ PeerOrder::PeerOrder(int members, int me, int my_cpu, FunctionRef<int(int)> cpu_
 }
 
 engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> posted, Take take) {
-  transport::ShmChannel& ch = st.ch;
+  transport::Channel& ch = st.ch;
   const int n = ch.members();
   const int me = ch.me();
   const uint64_t step = ch.next_step();
@@ -78,9 +79,8 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
   for (int i = 0; i < order.size(); ++i) {
     const int peer = order[i];
     if (s.only_from >= 0 && peer != s.only_from) continue;
-    auto line = co_await engine::arrival(ch, peer, step);
-    if (!line.ok()) co_return line.status();
-    const transport::PostHeader& theirs = line.value()->header;
+    if (Status a = co_await engine::arrival(ch, peer, step); !a.ok()) co_return a;
+    const transport::PostHeader& theirs = ch.header(peer, step);
     if (compare && !theirs.same_call(st.mine)) {
       differ.emplace_back((peer - me + n) % n,
                           fmt::format("rank {} sent {}, rank {} expected {}", ch.world_rank(peer), describe(st.call, theirs, &st.mine),
@@ -88,8 +88,7 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
     }
     if (theirs.in_heap != 0) st.in_place = true;
     if (!st.mismatch.empty() || !differ.empty()) continue;
-    take(peer, theirs, s.inline_data ? reinterpret_cast<const std::byte*>(line.value()->inline_data)
-                                     : ch.member_data(peer, theirs));
+    take(peer, theirs, ch.bytes(peer, step, s.inline_data));
   }
   std::sort(differ.begin(), differ.end());
   for (const auto& [after_me, words] : differ) {
@@ -114,7 +113,9 @@ struct Offer {
   uint8_t readable;  // 1: worth reading by single copy (heap, huge pages, or FG_SINGLE_COPY=always)
   uint8_t in_heap;   // 1: read it in the heap, with memcpy; 0: with process_vm_readv
 };
-static_assert(sizeof(Offer) <= transport::kInlineBytes);
+// Single copy runs only where members read each other's memory (the
+// shared-memory channel, whose post line carries 32 bytes inline).
+static_assert(sizeof(Offer) <= 32);
 
 // Single copy: every member posts its input's address and whether it is
 // worth reading that way (inline, through lockstep(), which also compares
@@ -128,7 +129,7 @@ static_assert(sizeof(Offer) <= transport::kInlineBytes);
 // second step: "done reading". An owner leaves only once every peer has
 // posted that, so its input stays valid as long as anyone reads it.
 engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink) {
-  transport::ShmChannel& ch = st.ch;
+  transport::Channel& ch = st.ch;
   const GatherCall& call = st.call;
   const int n = ch.members();
   const int me = ch.me();
@@ -159,7 +160,7 @@ engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink)
   for (int i = 1; i < n; ++i) {
     const int peer = (me + i) % n;
     Offer theirs{};
-    std::memcpy(&theirs, ch.line(peer, step).inline_data, sizeof(theirs));
+    std::memcpy(&theirs, ch.bytes(peer, step, true), sizeof(theirs));
     std::byte* dst = (*call.landing)(peer);
     // From the heap in pipeline steps (a quarter of L2), so that what was
     // read is still in the cache when it is copied out; process_vm_readv
@@ -181,7 +182,7 @@ engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink)
 
 }  // namespace
 
-engine::Task<Status> gather(transport::ShmChannel& ch, GatherCall call, const CallPlan& plan, PieceSink sink) {
+engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallPlan& plan, PieceSink sink) {
   if (!ch.broken().ok()) co_return ch.broken();
   if (!plan.error.ok()) co_return plan.error;
   const int n = ch.members();

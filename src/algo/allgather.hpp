@@ -12,7 +12,7 @@
 #include "algo/call.hpp"
 #include "engine/task.hpp"
 #include "fastgather/status.hpp"
-#include "transport/shm_channel.hpp"
+#include "transport/channel.hpp"
 
 namespace fastgather::algo {
 
@@ -22,6 +22,6 @@ struct CallPlan;  // plan.hpp
 // one-shot or the ring schedule, by the plan's protocol. A coroutine: run it
 // with co_await, or hand it to an engine::Driver. `sink`, `plan` and what
 // call points to must outlive it.
-engine::Task<Status> gather(transport::ShmChannel& channel, GatherCall call, const CallPlan& plan, PieceSink sink);
+engine::Task<Status> gather(transport::Channel& channel, GatherCall call, const CallPlan& plan, PieceSink sink);
 
 }  // namespace fastgather::algo

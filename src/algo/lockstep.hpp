@@ -1,7 +1,7 @@
-// The one step every shared-memory schedule is made of: post, then wait for
-// the peers' posts of the same step. No member is ever more than one step
-// ahead of the peers it waits for, which is what lets post lines and ring
-// space be reused (shm_channel.hpp).
+// The one step every schedule is made of, over any channel
+// (transport/channel.hpp): post, then wait for the peers' posts of the same
+// step. No member is ever more than one step ahead of the peers it waits
+// for, which is what lets a channel reuse its post lines and buffers.
 #pragma once
 
 #include <array>
@@ -16,17 +16,17 @@
 #include "algo/plan.hpp"
 #include "engine/task.hpp"
 #include "fastgather/status.hpp"
-#include "transport/shm_channel.hpp"
+#include "transport/channel.hpp"
 
 namespace fastgather::algo {
 
 // What one call's steps share: the channel, the call and its plan, the
 // header every step carries, and what the steps have found.
 struct CallState {
-  CallState(transport::ShmChannel& channel, const GatherCall& c, const CallPlan& p)
+  CallState(transport::Channel& channel, const GatherCall& c, const CallPlan& p)
       : ch(channel), call(c), plan(p), mine(header_of(c, p)) {}
 
-  transport::ShmChannel& ch;
+  transport::Channel& ch;
   const GatherCall& call;
   const CallPlan& plan;
   const transport::PostHeader mine;
@@ -40,7 +40,7 @@ struct CallState {
 
 // This member's part of one step.
 struct Step {
-  bool inline_data = false;  // the bytes ride in the post line (at most kInlineBytes)
+  bool inline_data = false;  // the bytes ride with the post (at most capabilities().inline_bytes)
   const std::byte* data = nullptr;
   size_t len = 0;
   CopyIn how = CopyIn::kCached;  // into the ring

@@ -6,6 +6,7 @@
 
 #include "fastgather/dtype.hpp"
 #include "fastgather/reduce_op.hpp"
+#include "transport/shm_channel.hpp"  // plan_table()'s examples: the shared-memory channel's sizes
 
 namespace fastgather::algo {
 
@@ -18,7 +19,7 @@ const char* protocol_name(Protocol p) {
   return "unknown-protocol";
 }
 
-GroupShape GroupShape::of(const transport::ShmChannel& local, const Topology& topo, bool outnumbered) {
+GroupShape GroupShape::of(const transport::Channel& local, const Topology& topo, bool outnumbered) {
   GroupShape g;
   g.outnumbered = outnumbered;
   g.topo = topo;

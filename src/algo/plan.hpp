@@ -21,7 +21,7 @@
 #include "fastgather/schedule.hpp"
 #include "fastgather/status.hpp"
 #include "transport/net_channel.hpp"
-#include "transport/shm_channel.hpp"
+#include "transport/channel.hpp"
 
 namespace fastgather::algo {
 
@@ -45,7 +45,7 @@ struct GroupShape {
   // a server sees the same).
   bool outnumbered = false;
   std::string_view label;     // the group, for errors
-  static GroupShape of(const transport::ShmChannel& local, const Topology& topo, bool outnumbered);
+  static GroupShape of(const transport::Channel& local, const Topology& topo, bool outnumbered);
 };
 
 struct CallPlan {
@@ -86,11 +86,11 @@ std::vector<PlanRow> plan_table();
 // The sizes at which a plan changes its mind, each with the benchmark that
 // set it: algo/thresholds.hpp.
 
-// Largest piece a shared-memory step holds for this alignment (0: a row
-// does not fit one step).
+// Largest piece a step holds for this alignment (0: a row does not fit one
+// step).
 size_t max_piece(size_t max_step_bytes, size_t align);
-inline size_t max_piece(const transport::ShmChannel& channel, size_t align) {
-  return max_piece(channel.max_step_bytes(), align);
+inline size_t max_piece(const transport::Channel& channel, size_t align) {
+  return max_piece(channel.capabilities().max_step_bytes, align);
 }
 
 // Size-based choice across servers (kAuto: by size): direct while a message

@@ -6,6 +6,7 @@
 #include "algo/copy_in.hpp"
 #include "algo/lockstep.hpp"
 #include "algo/reduce_steps.hpp"
+#include "transport/shm_heap.hpp"
 
 namespace fastgather::algo {
 
@@ -17,7 +18,7 @@ size_t part(size_t size, size_t off, size_t most) { return size > off ? std::min
 
 engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at, Sum sum, const Produce* produce,
                                   std::byte* scratch) {
-  transport::ShmChannel& ch = st.ch;
+  transport::Channel& ch = st.ch;
   const GatherCall& call = st.call;
   const int n = ch.members();
   const int me = ch.me();
@@ -68,7 +69,7 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
 }
 
 engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* out) {
-  transport::ShmChannel& ch = st.ch;
+  transport::Channel& ch = st.ch;
   const int me = ch.me();
   const size_t piece = st.plan.piece * static_cast<size_t>(ch.members());
   for (size_t off = 0; off == 0 || off < chunks.each; off += piece) {
@@ -86,7 +87,7 @@ engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* 
 }
 
 engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum) {
-  transport::ShmChannel& ch = st.ch;
+  transport::Channel& ch = st.ch;
   const GatherCall& call = st.call;
   const int n = ch.members();
   const int me = ch.me();
@@ -112,7 +113,7 @@ engine::Task<Status> sum_everything(CallState& st, const std::byte* out, Sum sum
   co_return Status::Ok();
 }
 
-engine::Task<Status> reduce(transport::ShmChannel& ch, GatherCall call, const CallPlan& plan, std::byte* out, Sum sum) {
+engine::Task<Status> reduce(transport::Channel& ch, GatherCall call, const CallPlan& plan, std::byte* out, Sum sum) {
   if (!ch.broken().ok()) co_return ch.broken();
   if (!plan.error.ok()) co_return plan.error;
   const int n = ch.members();
@@ -140,7 +141,7 @@ engine::Task<Status> reduce(transport::ShmChannel& ch, GatherCall call, const Ca
   co_return Status::Ok();
 }
 
-engine::Task<Status> reduce_scatter_produced(transport::ShmChannel& ch, GatherCall call, const CallPlan& plan,
+engine::Task<Status> reduce_scatter_produced(transport::Channel& ch, GatherCall call, const CallPlan& plan,
                                              Produce produce, std::byte* scratch, Sum sum) {
   if (!ch.broken().ok()) co_return ch.broken();
   if (!plan.error.ok()) co_return plan.error;

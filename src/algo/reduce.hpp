@@ -16,7 +16,7 @@
 #include "algo/plan.hpp"
 #include "engine/task.hpp"
 #include "fastgather/status.hpp"
-#include "transport/shm_channel.hpp"
+#include "transport/channel.hpp"
 
 namespace fastgather::algo {
 
@@ -36,14 +36,14 @@ using Produce = FunctionRef<void(int member, size_t offset, size_t len, std::byt
 // two-shot copies the others' sums there) is the sum of every member's
 // input; out may be call.input. `plan` is plan_call's for the call.
 // Coroutines: `sum`, `plan` and what call points to must outlive them.
-engine::Task<Status> reduce(transport::ShmChannel& channel, GatherCall call, const CallPlan& plan, std::byte* out,
+engine::Task<Status> reduce(transport::Channel& channel, GatherCall call, const CallPlan& plan, std::byte* out,
                             Sum sum);
 
 // A reduce-scatter whose input is made as it is sent (call.op
 // kMatmulReduceScatter: rows of a product): the pieces for the peers are
 // produced straight into the ring, this member's own after its post, into
 // `scratch` (plan.piece bytes), while the peers make theirs.
-engine::Task<Status> reduce_scatter_produced(transport::ShmChannel& channel, GatherCall call, const CallPlan& plan,
+engine::Task<Status> reduce_scatter_produced(transport::Channel& channel, GatherCall call, const CallPlan& plan,
                                              Produce produce, std::byte* scratch, Sum sum);
 
 }  // namespace fastgather::algo

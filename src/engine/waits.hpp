@@ -1,4 +1,4 @@
-// What an operation can co_await: a member's post in shared memory, a UCX
+// What an operation can co_await: a member's post of a step (any channel), a UCX
 // receive, the completion of its UCX sends. Each is a Waiter the driver
 // handles; when the awaited thing is already there, nothing suspends.
 #pragma once
@@ -8,25 +8,23 @@
 #include <fmt/format.h>
 
 #include "engine/driver.hpp"
+#include "transport/channel.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
 
 namespace fastgather::engine {
 
-// co_await arrival(channel, member, step): member's post line once it has
-// posted `step`, or the channel's error.
+// co_await arrival(channel, member, step): Ok once member has posted `step`
+// (channel.header()/bytes() then read it), or the channel's error.
 class Arrival final : public Waiter {
  public:
-  Arrival(transport::ShmChannel& ch, int member, uint64_t step) : ch_(ch), member_(member), step_(step) {}
+  Arrival(transport::Channel& ch, int member, uint64_t step) : ch_(ch), member_(member), step_(step) {}
   bool await_ready() {
     if (ch_.arrived(member_, step_)) return true;
     error = ch_.broken();
     return !error.ok();
   }
-  Result<const transport::PostLine*> await_resume() {
-    if (!error.ok()) return error;
-    return &ch_.line(member_, step_);
-  }
+  Status await_resume() { return error; }
 
   bool ready() override { return ch_.arrived(member_, step_); }
   Status check() override { return ch_.check(member_); }
@@ -39,11 +37,11 @@ class Arrival final : public Waiter {
   bool comes_from_cpu(int cpu) override { return ch_.member_cpu(member_) == cpu; }
 
  private:
-  transport::ShmChannel& ch_;
+  transport::Channel& ch_;
   int member_;
   uint64_t step_;
 };
-inline Arrival arrival(transport::ShmChannel& ch, int member, uint64_t step) { return {ch, member, step}; }
+inline Arrival arrival(transport::Channel& ch, int member, uint64_t step) { return {ch, member, step}; }
 
 // co_await verdict(channel, member): whether member could read every peer
 // by single copy, once it has said so (the probe when a group is made).

@@ -147,7 +147,7 @@ void ShmChannel::post(uint64_t step, const PostHeader& header, const void* inlin
   }
 }
 
-Status ShmChannel::check(int member) const {
+Status ShmChannel::check(int member) {
   const int who = world_ranks_[member];
   const int self = world_ranks_[me_];
   if (ctl(member).wake.aborted.load(std::memory_order_acquire) != 0) {

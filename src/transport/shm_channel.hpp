@@ -31,26 +31,13 @@
 
 #include "fastgather/status.hpp"
 #include "transport/capabilities.hpp"
+#include "transport/channel.hpp"
 #include "transport/shm_heap.hpp"
 #include "transport/shm_segment.hpp"
 
 namespace fastgather::transport {
 
 constexpr size_t kInlineBytes = 32;
-
-struct PostHeader {
-  uint64_t bytes = 0;  // payload of the whole call per member
-  uint64_t aux = 0;    // op-specific (k for the fused op)
-  uint8_t op = 0;
-  uint8_t algo = 0;    // which schedule: members must agree, or their steps would not line up
-  uint8_t dtype = 0;
-  uint8_t in_heap = 0;  // 1: this step's bytes are in the member's symmetric-heap region, not its ring
-  uint32_t offset = 0;  // where this step's bytes start in the member's ring (or heap region)
-  // Same collective with the same shape (where the bytes sit may differ).
-  bool same_call(const PostHeader& o) const {
-    return bytes == o.bytes && aux == o.aux && op == o.op && algo == o.algo && dtype == o.dtype;
-  }
-};
 
 struct alignas(64) PostLine {
   std::atomic<uint64_t> step{0};  // stored last, with release
@@ -78,7 +65,7 @@ struct MemberCtl {
   MemberLine wake;
 };
 
-class ShmChannel {
+class ShmChannel final : public Channel {
  public:
   static size_t segment_bytes(int members, size_t ring_bytes);
   // The creator formats a fresh segment; the others attach to it. `me` is
@@ -86,7 +73,7 @@ class ShmChannel {
   // is attached (a barrier), watch_members().
   // world_ranks[m] names member m in error messages; label names the group.
   ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me, size_t ring_bytes, std::string label);
-  ~ShmChannel();
+  ~ShmChannel() override;
 
   // pipeline_bytes: see pipeline_bytes() (0: max_step_bytes()).
   static void format(std::byte* base, int members, size_t ring_bytes, size_t pipeline_bytes = 0);
@@ -98,9 +85,9 @@ class ShmChannel {
   Status watch_members();  // opens a pidfd per member: death is noticed at once
   void unlink_name() { segment_.unlink(); }
 
-  int members() const { return members_; }
-  int world_rank(int member) const { return world_ranks_[member]; }
-  int me() const { return me_; }
+  int members() const override { return members_; }
+  int world_rank(int member) const override { return world_ranks_[member]; }
+  int me() const override { return me_; }
   size_t ring_bytes() const { return ring_bytes_; }
   // Largest step payload: a quarter of the ring, in whole cache lines.
   size_t max_step_bytes() const { return max_step_bytes_for(ring_bytes_); }
@@ -110,18 +97,18 @@ class ShmChannel {
   // the creator's choice (format()), the same for every member, so their
   // steps line up.
   size_t pipeline_bytes() const { return pipeline_bytes_; }
-  const std::string& label() const { return label_; }
+  const std::string& label() const override { return label_; }
   // What this channel can do (single copy and the heap as set so far).
-  Capabilities capabilities() const {
+  Capabilities capabilities() const override {
     return {.inline_bytes = kInlineBytes, .max_step_bytes = max_step_bytes(), .pipeline_bytes = pipeline_bytes_,
             .reads_peer_memory = single_copy_ && members_ > 1, .shared_heap = heap_ != nullptr};
   }
 
-  uint64_t next_step() { return ++step_; }
-  uint64_t last_step() const { return step_; }
+  uint64_t next_step() override { return ++step_; }
+  uint64_t last_step() const override { return step_; }
   // Room for len <= max_step_bytes() bytes in this member's ring; *offset
   // goes into the step's PostHeader.
-  std::byte* claim(size_t len, uint32_t* offset);
+  std::byte* claim(size_t len, uint32_t* offset) override;
   const std::byte* member_data(int member, uint32_t offset) const {
     return data_ + static_cast<size_t>(member) * ring_bytes_ + offset;
   }
@@ -132,9 +119,9 @@ class ShmChannel {
   // The group's symmetric heap (null: none), with the same member indices.
   // The channel reads from it; the group owns it.
   void set_heap(const ShmHeap* heap) { heap_ = heap; }
-  const ShmHeap* heap() const { return heap_; }
+  const ShmHeap* heap() const override { return heap_; }
   // Publishes this member's step, with header and optional inline bytes.
-  void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0);
+  void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0) override;
   // Single copy (CMA): a member reads a peer's bytes straight from the peer's
   // memory with process_vm_readv. Every member must be able to read every
   // other (ptrace permission; containers and seccomp may refuse), so the
@@ -154,28 +141,33 @@ class ShmChannel {
   void set_single_copy(bool all) { single_copy_ = all; }
   bool single_copy() const { return single_copy_; }
   // Copies len bytes at `remote` in member's memory to dst.
-  Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len);
+  Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len) override;
 
   // The CPU `member` last posted from (-1: not known): a peer that waits for
   // its next post on that same CPU cannot see it come by spinning.
-  int member_cpu(int member) const { return ctl(member).wake.cpu.load(std::memory_order_relaxed); }
+  int member_cpu(int member) const override { return ctl(member).wake.cpu.load(std::memory_order_relaxed); }
 
   // Whether `member` has posted `step` (acquire: its bytes are visible).
-  bool arrived(int member, uint64_t step) const {
+  bool arrived(int member, uint64_t step) override {
     return ctl(member).post[step & 1].step.load(std::memory_order_acquire) >= step;
   }
   const PostLine& line(int member, uint64_t step) const { return ctl(member).post[step & 1]; }
+  const PostHeader& header(int member, uint64_t step) const override { return line(member, step).header; }
+  const std::byte* bytes(int member, uint64_t step, bool inline_data) const override {
+    const PostLine& l = line(member, step);
+    return inline_data ? reinterpret_cast<const std::byte*>(l.inline_data) : member_data(member, l.header);
+  }
   // Whether `member` is still there: an error once it died or aborted.
-  Status check(int member) const;
+  Status check(int member) override;
   // The words for a wait on `member`'s `step` that outlasted `timeout`.
-  Status timed_out(int member, uint64_t step, std::chrono::milliseconds timeout) const;
+  Status timed_out(int member, uint64_t step, std::chrono::milliseconds timeout) const override;
   // Sleeps on `member`'s futex until it posts (or aborts) or `slice` passes.
-  void sleep(int member, uint64_t step, std::chrono::nanoseconds slice);
+  void sleep(int member, uint64_t step, std::chrono::nanoseconds slice) override;
 
   // A group that timed out or lost a member stays broken: every later call
   // returns the same error, and peers see this member as aborted.
-  const Status& broken() const { return broken_; }
-  void abort(Status why);
+  const Status& broken() const override { return broken_; }
+  void abort(Status why) override;
   // From any thread, or a signal handler (atomics and a futex wake only):
   // peers see this member aborted, and every sleeper on the segment wakes
   // to look. The waiting thread then ends its call (engine/driver.hpp).
