@@ -238,6 +238,8 @@ TEST(Plan, TheArchitectureTableIsThePlansRules) {
       decided = std::string("protocol: ") + protocol_name(p.protocol);
     } else if (row.plan.rfind("in place", 0) == 0) {
       decided = p.in_place ? "in place" : "not in place";
+    } else if (row.plan.rfind("over the steps", 0) == 0) {
+      decided = p.over_steps ? "over the steps" : "not over the steps";
     }
     EXPECT_EQ(row.plan.rfind(decided, 0), 0u) << "row '" << row.when << "' says " << row.plan << "; plan_call: " << decided;
   }

@@ -105,6 +105,62 @@ INSTANTIATE_TEST_SUITE_P(Layouts, AcrossServers,
                                            Layout{3, 1, 7}),
                          [](const auto& info) { return layout_name(info.param); });
 
+// One rank on each server: the schedules written for one server (one-shot,
+// ring; the sums' in test_reduce.cpp) run between the servers over the steps
+// of transport/net_steps.hpp, every byte checked, in both forms and as
+// broadcast; the steps are rank 0's size whatever the others' settings say;
+// ranks that disagree are all told in the same step, and the group stays usable.
+TEST(OneRankEachServer, TheSchedulesOfOneServerRunBetweenServers) {
+  for (int servers : {2, 3}) {
+    fgtest::JobOptions jo;
+    jo.servers = servers;
+    jo.timeout = std::chrono::milliseconds(20000);
+    auto results = fgtest::run_job(servers, [&](const Config& given) -> std::string {
+      Config c = given;
+      Settings st = c.settings.value_or(Settings{});
+      // Rank 0's steps are 64 KiB, everyone else would cut 1 MiB ones.
+      if (c.rank == 0) st.net_piece_bytes = 64 << 10;
+      c.settings = st;
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      Group& g = (*comm)->world();
+      uint64_t it = 0;
+      for (auto algo : {Schedule::kAuto, Schedule::kOneShot, Schedule::kRing}) {
+        for (size_t bytes : {size_t{0}, size_t{1}, size_t{33}, size_t{4097}, size_t{96} << 10, (size_t{1} << 20) + 3}) {
+          ++it;
+          if (auto e = both_forms(g, bytes, algo, it); !e.empty()) return e;
+          CallStats stats;
+          Tensor in = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+          Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes) * servers});
+          RANK_OK(all_gather(g, in.view(), out.view(), {.schedule = algo, .stats = &stats}));
+          const Schedule want = algo == Schedule::kRing && servers > 2 ? Schedule::kRing : Schedule::kOneShot;
+          RANK_CHECK(stats.schedule == want, "{} bytes asked {}: ran {}", bytes, to_string(algo), to_string(stats.schedule));
+          RANK_CHECK(bytes < (size_t{96} << 10) || stats.piece_bytes == (size_t{64} << 10), "{} bytes in steps of {}, not rank 0's 64 KiB",
+                     bytes, stats.piece_bytes);
+        }
+      }
+      for (size_t bytes : {size_t{5}, size_t{200} << 10}) {
+        ++it;
+        Tensor b = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+        fill_pattern(b.data(), bytes, c.rank == 1 ? 1 : 77, it);
+        RANK_OK(broadcast(g, b.view(), 1));
+        long long bad = check_pattern(b.data(), bytes, 1, it);
+        RANK_CHECK(bad < 0, "broadcast of {} bytes wrong at byte {}", bytes, bad);
+      }
+      // The last rank disagrees on the size: every rank names both sizes and
+      // the disagreeing rank, and the next call runs right.
+      Status s = gather_bytes(g, c.rank == servers - 1 ? 200 : 100);
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find("100 bytes") != std::string::npos &&
+                     s.message().find("200 bytes") != std::string::npos &&
+                     s.message().find(fmt::format("rank {}", servers - 1)) != std::string::npos,
+                 "got {}", s.to_string());
+      if (auto e = both_forms(g, 70000, Schedule::kAuto, ++it); !e.empty()) return e;
+      return "";
+    }, jo);
+    fgtest::expect_all_ok(results);
+  }
+}
+
 using Clock = std::chrono::steady_clock;
 
 // A rank on another server disagreeing on the size: every member reports the

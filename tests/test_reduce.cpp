@@ -156,12 +156,15 @@ Result<Tensor> make(Group& g, bool from_heap, DType dtype, size_t count) {
 }
 
 // per_server: ranks on each server of a hierarchical sum across servers,
-// which every call must have run (0: the sum in rank order).
+// which every call must have run (0: the sum in rank order). one_each: the
+// group has one rank on each server, and every call must have run a
+// schedule written for one server over the steps between them.
 std::string every_case_on(Group& g, bool from_heap, Schedule all_reduce_schedule, int per_server = 0,
-                          Schedule reduce_scatter_schedule = Schedule::kAuto) {
+                          Schedule reduce_scatter_schedule = Schedule::kAuto, bool one_each = false) {
   const int n = g.size();
   if (per_server == 0) per_server = n;
   const bool hierarchical = per_server != n;
+  auto one_server_schedule = [](Schedule s) { return s == Schedule::kOneShot || s == Schedule::kTwoShot; };
   uint64_t it = 0;
   for (const Case& k : cases()) {
     const size_t es = dtype_size(k.dtype);
@@ -181,6 +184,7 @@ std::string every_case_on(Group& g, bool from_heap, Schedule all_reduce_schedule
       CallStats stats;
       RANK_OK(all_reduce(g, in->view(), dst, {.schedule = all_reduce_schedule, .stats = &stats}));
       RANK_CHECK(!hierarchical || stats.schedule == Schedule::kHierarchical, "all_reduce ran {}", to_string(stats.schedule));
+      RANK_CHECK(!one_each || one_server_schedule(stats.schedule), "all_reduce ran {}", to_string(stats.schedule));
       std::string bad = check_sum(k.dtype, dst.data, 0, k.count, n, it, per_server);
       RANK_CHECK(bad.empty(), "all_reduce {} x {}{} ({}, {}): {}", k.count, dtype_name(k.dtype), in_place ? " in place" : "",
                  to_string(stats.schedule), stats.protocol, bad);
@@ -208,6 +212,7 @@ std::string every_case_on(Group& g, bool from_heap, Schedule all_reduce_schedule
       CallStats stats;
       RANK_OK(reduce_scatter(g, in->view(), dst, {.schedule = reduce_scatter_schedule, .stats = &stats}));
       RANK_CHECK(!hierarchical || stats.schedule == Schedule::kHierarchical, "reduce_scatter ran {}", to_string(stats.schedule));
+      RANK_CHECK(!one_each || one_server_schedule(stats.schedule), "reduce_scatter ran {}", to_string(stats.schedule));
       std::string bad = check_sum(k.dtype, dst.data, static_cast<size_t>(g.rank()) * k.count, k.count, n, it, per_server);
       RANK_CHECK(bad.empty(), "reduce_scatter {} x {} per rank{} ({}, {}): {}", k.count, dtype_name(k.dtype),
                  own_chunk ? " into the own chunk" : "", to_string(stats.schedule), stats.protocol, bad);
@@ -217,10 +222,10 @@ std::string every_case_on(Group& g, bool from_heap, Schedule all_reduce_schedule
 }
 
 std::string every_case(const Config& c, bool from_heap, Schedule all_reduce_schedule, int per_server = 0,
-                       Schedule reduce_scatter_schedule = Schedule::kAuto) {
+                       Schedule reduce_scatter_schedule = Schedule::kAuto, bool one_each = false) {
   auto comm = Communicator::create(c);
   RANK_OK(comm.status());
-  return every_case_on((*comm)->world(), from_heap, all_reduce_schedule, per_server, reduce_scatter_schedule);
+  return every_case_on((*comm)->world(), from_heap, all_reduce_schedule, per_server, reduce_scatter_schedule, one_each);
 }
 
 }  // namespace
@@ -391,10 +396,17 @@ TEST(Reduce, AcrossServersHierarchicalFromTheHeap) {
                                                                                      Schedule::kHierarchical); }, opt));
 }
 
+// One rank on each server: the one-shot and two-shot sums written for one
+// server run between the servers (transport/net_steps.hpp), every element
+// summed in rank order, as within a server.
 TEST(Reduce, AcrossServersOneRankEachServer) {
   fgtest::JobOptions opt;
   opt.servers = 3;
-  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return every_case(c, false, Schedule::kAuto, 1); }, opt));
+  for (Schedule s : {Schedule::kAuto, Schedule::kOneShot, Schedule::kTwoShot}) {
+    fgtest::expect_all_ok(fgtest::run_job(3, [s](const Config& c) {
+      return every_case(c, false, s, 0, s == Schedule::kTwoShot ? Schedule::kAuto : s, true);
+    }, opt));
+  }
 }
 
 TEST(Reduce, AcrossServersThreeServersOfTwoRanks) {

@@ -247,28 +247,38 @@ TEST(Reductions, DisagreementIsAMismatchAndUnservedReductionsAreRefused) {
   }));
 }
 
-// Two servers of one rank each that disagree only on the reduction: the
-// messages are as long as expected and nothing within a server compares
-// headers, so only the exchange between servers can see it (its check of
-// each message's header). A mismatch naming max on both members, and the
-// group stays failed (messages of the failed call may still be in flight).
+// Two servers of one rank each that disagree only on the reduction, run
+// hierarchical: the messages are as long as expected and nothing within a
+// server compares headers, so only the exchange between servers can see it
+// (its check of each message's header). A mismatch naming max on both
+// members, and the group stays failed (messages of the failed call may
+// still be in flight). Run as a schedule of one server over the steps
+// between them (the default), the first step's headers say it: a mismatch
+// naming max, and the group goes on (every member left at the same step).
 TEST(Reductions, DisagreementAcrossServersIsFoundInTheExchange) {
-  for (size_t n : {size_t{8}, size_t{1} << 20}) {  // one network piece, and several
-    fgtest::JobOptions o;
-    o.servers = 2;
-    o.token = "reductions-disagree-across-servers";
-    fgtest::expect_all_ok(fgtest::run_job(2, [n](const Config& c) -> std::string {
-      auto comm = Communicator::create(c);
-      RANK_OK(comm.status());
-      Group& g = (*comm)->world();
-      std::vector<float> x(n, 1.0f);
-      const TensorView v(x.data(), DType::kF32, {static_cast<int64_t>(n)});
-      Status s = all_reduce(g, v, v, {.op = c.rank == 1 ? ReduceOp::kMax : ReduceOp::kSum});
-      RANK_CHECK(s.kind() == ErrorKind::kMismatch, "{} floats, disagreeing reductions: {}", n, s.to_string());
-      RANK_CHECK(s.message().find("reduction=max") != std::string::npos, "the mismatch does not name max: {}",
-                 s.message());
-      RANK_CHECK(!all_reduce(g, v, v).ok(), "a failed group across servers must stay failed");
-      return "";
-    }, o));
+  for (Schedule schedule : {Schedule::kHierarchical, Schedule::kAuto}) {
+    for (size_t n : {size_t{8}, size_t{1} << 20}) {  // one network piece, and several
+      fgtest::JobOptions o;
+      o.servers = 2;
+      o.token = "reductions-disagree-across-servers";
+      fgtest::expect_all_ok(fgtest::run_job(2, [n, schedule](const Config& c) -> std::string {
+        auto comm = Communicator::create(c);
+        RANK_OK(comm.status());
+        Group& g = (*comm)->world();
+        std::vector<float> x(n, 1.0f);
+        const TensorView v(x.data(), DType::kF32, {static_cast<int64_t>(n)});
+        Status s = all_reduce(g, v, v, {.schedule = schedule, .op = c.rank == 1 ? ReduceOp::kMax : ReduceOp::kSum});
+        RANK_CHECK(s.kind() == ErrorKind::kMismatch, "{} floats, disagreeing reductions: {}", n, s.to_string());
+        RANK_CHECK(s.message().find("reduction=max") != std::string::npos, "the mismatch does not name max: {}",
+                   s.message());
+        if (schedule == Schedule::kHierarchical) {
+          RANK_CHECK(!all_reduce(g, v, v, {.schedule = schedule}).ok(), "a failed group across servers must stay failed");
+          return "";
+        }
+        RANK_OK(all_reduce(g, v, v));
+        RANK_CHECK(x[0] == 2.0f && x[n - 1] == 2.0f, "the sum after the mismatch: {}", x[0]);
+        return "";
+      }, o));
+    }
   }
 }

@@ -409,8 +409,7 @@ class SumAcross {
       intra_ns += ns_since(t1);
       if (!s.ok()) co_return s;
     }
-    if (st.in_place) co_return co_await done_reading(st);
-    co_return Status::Ok();
+    co_return co_await finish(st);
   }
 
   double intra_ns = 0;

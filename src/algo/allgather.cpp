@@ -48,24 +48,29 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
   const int me = ch.me();
   const uint64_t step = ch.next_step();
   transport::PostHeader mine = s.header != nullptr ? *s.header : st.mine;
-  std::optional<uint64_t> at_heap;
-  if (s.may_be_in_place && st.plan.in_place && s.len != 0 && ch.heap() != nullptr) {
-    at_heap = ch.heap()->own_offset(s.data, s.len);
+  std::optional<uint64_t> at;
+  if (s.may_be_in_place && st.plan.in_place && s.len != 0 && !s.inline_data) at = ch.in_place(s.data, s.len);
+  if (s.land != nullptr && st.caps.receives_in_place) {
+    for (int peer = 0; peer < n; ++peer) {
+      size_t room = 0;
+      if (std::byte* dst = peer != me ? (*s.land)(peer, &room) : nullptr; dst != nullptr) ch.land(peer, step, dst, room);
+    }
   }
   if (s.inline_data) {
-    ch.post(step, mine, s.data, s.len);
-  } else if (at_heap) {  // the bytes are in this member's heap region: peers read them there
+    ch.post(step, mine, s.data, s.len, s.readers);
+  } else if (at) {  // posted where they lie: peers read them in this member's heap, or they are sent from there
     mine.in_heap = 1;
-    mine.offset = static_cast<uint32_t>(*at_heap);
-    ch.post(step, mine);
-    st.in_place = true;
+    mine.offset = static_cast<uint32_t>(*at);
+    ch.post_in_place(step, mine, s.data, s.len, s.readers);
+    if (st.caps.shared_heap) st.in_place = true;
+    else st.sent_in_place = true;
   } else {
     uint32_t at = 0;
     std::byte* dst = ch.claim(s.len, &at);
     if (s.fill != nullptr) (*s.fill)(dst);
     else if (s.len != 0) copy_into_ring(s.how, dst, s.data, s.len);
     mine.offset = at;
-    ch.post(step, mine);
+    ch.post(step, mine, nullptr, 0, s.readers);
   }
   posted();
   const bool compare = st.first;
@@ -96,6 +101,17 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
     else st.mismatch += "; ";
     st.mismatch += words;
   }
+  co_return Status::Ok();
+}
+
+engine::Task<Status> finish(CallState& st) {
+  if (st.in_place) {
+    // An owner's block stays valid until every peer has read it: nobody
+    // leaves before everyone has posted this step (the same decision on
+    // every member, from the same headers).
+    if (Status s = co_await done_reading(st); !s.ok()) co_return s;
+  }
+  if (st.sent_in_place) co_return co_await engine::sent(st.ch);
   co_return Status::Ok();
 }
 
@@ -217,7 +233,17 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
   // was copied into the ring: still in this core's cache.
   using TakePiece = FunctionRef<void(int peer, size_t offset, const std::byte* src)>;
   const size_t mine = contributes ? call.block(me) : 0;
-  auto send_in_steps = [&](const std::byte* from, size_t from_bytes, bool own_each_step, TakePiece take) -> engine::Task<Status> {
+  // The bytes of `member`'s block in the step at `off`.
+  auto piece_of = [&](int member, size_t off) {
+    const size_t b = call.block(member);
+    return off < b ? std::min(piece, b - off) : size_t{0};
+  };
+  const int prev = (me + n - 1) % n;
+  // reader: the one peer that reads the steps' bytes (-1: every peer);
+  // block: the block the peers' steps carry (-1: each peer its own; else
+  // only the predecessor's bytes are read, of that block).
+  auto send_in_steps = [&](const std::byte* from, size_t from_bytes, bool own_each_step, TakePiece take,
+                           int reader, int block) -> engine::Task<Status> {
     for (size_t off = 0; st.first || off < call.bytes;) {  // at least one step, even for 0 bytes
       const size_t len = off < from_bytes ? std::min(piece, from_bytes - off) : 0;
       const bool own_now = st.first;
@@ -231,8 +257,17 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
       auto take_step = [&](int peer, const transport::PostHeader&, const std::byte* src) {
         if (call.root < 0 || peer == call.root) take(peer, off, src);
       };
+      // A channel that receives in place puts each peer's piece straight
+      // where the sink would copy it (which then copies nothing).
+      auto land = [&](int peer, size_t* room) -> std::byte* {
+        const int of = block < 0 ? peer : peer == prev ? block : -1;
+        if (of < 0 || call.landing == nullptr || (call.root >= 0 && peer != call.root)) return nullptr;
+        *room = piece_of(of, off);
+        return *room != 0 ? (*call.landing)(of) + off : nullptr;
+      };
+      const FunctionRef<std::byte*(int, size_t*)> land_ref(land);
       const Step step{.inline_data = protocol == Protocol::kInline, .data = from + off, .len = len,
-                      .how = how, .may_be_in_place = true};
+                      .how = how, .may_be_in_place = true, .readers = {.only = reader}, .land = &land_ref};
       Status s = co_await lockstep(st, step, posted, take_step);
       if (!s.ok()) co_return s;
       if (!st.mismatch.empty()) co_return st.mismatch_status();
@@ -240,24 +275,17 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
     }
     co_return Status::Ok();
   };
-  // The bytes of `member`'s block in the step at `off`.
-  auto piece_of = [&](int member, size_t off) {
-    const size_t b = call.block(member);
-    return off < b ? std::min(piece, b - off) : size_t{0};
-  };
-
   if (plan.schedule == Schedule::kRing) {
     // n-1 rounds; in round r this member forwards block (me - r) to me+1 and
     // receives block (me - r - 1) from me-1 (0 bytes: a single step in the
     // first round, to compare headers).
-    const int prev = (me + n - 1) % n;
     for (int round = 0; round < n - 1; ++round) {
       const int send = (me - round + n) % n, recv = (me - round - 1 + n) % n;
       const std::byte* from = round == 0 ? call.input : (*call.landing)(send);
       auto take = [&](int peer, size_t off, const std::byte* src) {
         if (const size_t len = piece_of(recv, off); peer == prev && len != 0) sink(recv, off, src, len);
       };
-      Status s = co_await send_in_steps(from, call.block(send), false, take);
+      Status s = co_await send_in_steps(from, call.block(send), false, take, (me + 1) % n, recv);
       if (!s.ok()) co_return s;
     }
   } else {
@@ -266,15 +294,10 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
     auto take = [&](int peer, size_t off, const std::byte* src) {
       if (const size_t len = piece_of(peer, off); len != 0) sink(peer, off, src, len);
     };
-    Status s = co_await send_in_steps(call.input, mine, st.first, take);
+    Status s = co_await send_in_steps(call.input, mine, st.first, take, -1, -1);
     if (!s.ok()) co_return s;
   }
-  if (st.in_place) {
-    // An owner's block stays valid until every peer has read it: nobody
-    // leaves before everyone has posted this step (the same decision on
-    // every member, from the same headers).
-    if (Status s = co_await done_reading(st); !s.ok()) co_return s;
-  }
+  if (Status s = co_await finish(st); !s.ok()) co_return s;
   if (call.stats != nullptr) call.stats->in_place = st.in_place;
   if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {
     call.copy_in->record(call.bytes, how, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - started).count());

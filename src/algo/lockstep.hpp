@@ -24,9 +24,10 @@ namespace fastgather::algo {
 // header every step carries, and what the steps have found.
 struct CallState {
   CallState(transport::Channel& channel, const GatherCall& c, const CallPlan& p)
-      : ch(channel), call(c), plan(p), mine(header_of(c, p)) {}
+      : ch(channel), caps(channel.capabilities()), call(c), plan(p), mine(header_of(c, p)) {}
 
   transport::Channel& ch;
+  const transport::Capabilities caps;
   const GatherCall& call;
   const CallPlan& plan;
   const transport::PostHeader mine;
@@ -34,6 +35,7 @@ struct CallState {
   std::string mismatch;   // what differed, once a peer's header did
   int disagreeing = -1;   // world rank of the first peer whose header differed
   bool in_place = false;  // some member's block was read in its heap: everyone says "done" at the end
+  bool sent_in_place = false;  // this member sent bytes from where they lie: they must leave before the call ends
 
   Status mismatch_status() const;
 };
@@ -44,8 +46,9 @@ struct Step {
   const std::byte* data = nullptr;
   size_t len = 0;
   CopyIn how = CopyIn::kCached;  // into the ring
-  // The bytes may be read where they lie when they are in this member's
-  // heap region and the plan allows it.
+  // The bytes may be posted where they lie (read there in this member's
+  // heap region, or sent from there: Channel::in_place) when the plan
+  // allows it: they stay unchanged until the call ends.
   bool may_be_in_place = false;
   // The step's header: the call's (CallState::mine) unless set. The relay
   // says in it whose bytes it carries.
@@ -54,6 +57,13 @@ struct Step {
   // Writes the step's len bytes into the ring in place of copying them from
   // data (a step gathered from several places of the input).
   const FunctionRef<void(std::byte* ring)>* fill = nullptr;
+  // Which peers read which of the step's bytes (a channel that sends each
+  // peer its own copy sends only those).
+  transport::Readers readers = {};
+  // Where a peer's bytes of this step are to land (its room at *room), for a
+  // channel that receives in place (Capabilities::receives_in_place); null
+  // or nullptr returned: wherever the channel keeps them.
+  const FunctionRef<std::byte*(int peer, size_t* room)>* land = nullptr;
 };
 
 // The order in which a member waits for its peers' posts of a step: first
@@ -77,7 +87,8 @@ class PeerOrder {
 };
 
 // take(peer, header, src): a peer's post of this step; src is where its bytes
-// are readable (in its post line, ring or heap) until this member posts again.
+// are readable (in its post line, ring or heap; over the network, the part
+// this member reads: see Readers) until this member posts again.
 using Take = FunctionRef<void(int peer, const transport::PostHeader& header, const std::byte* src)>;
 
 // One step: publish the step's bytes, call `posted`, then wait for each
@@ -86,6 +97,10 @@ using Take = FunctionRef<void(int peer, const transport::PostHeader& header, con
 // after a mismatch, so all members leave the call at the same step; after
 // one, take is not called.
 engine::Task<Status> lockstep(CallState& st, const Step& step, FunctionRef<void()> posted, Take take);
+
+// The end of a call's steps: "done reading" where a block was read in its
+// owner's heap, and this member's bytes sent from where they lie gone.
+engine::Task<Status> finish(CallState& st);
 
 // "Done reading": a step with nothing in it. An owner whose input peers
 // read where it lies (CallState::in_place) leaves only after every peer has

@@ -117,7 +117,9 @@ CallPlan plan_reduction(const GroupShape& g, const GatherCall& call) {
                               "element for each of {} members", g.local.max_step_bytes, align, n));
   }
   const size_t in_place_from = all_reduce && g.outnumbered ? kInPlaceMinBytesAllReduceOutnumbered : kInPlaceMinBytes;
-  p.in_place = g.local.shared_heap && call.bytes >= in_place_from && p.protocol != Protocol::kInline && !produced;
+  // (A channel that sends from where the bytes lie does so at any size.)
+  p.in_place = ((g.local.shared_heap && call.bytes >= in_place_from) || g.local.sends_from_source) &&
+               p.protocol != Protocol::kInline && !produced;
   return p;
 }
 
@@ -152,11 +154,35 @@ bool same_members_per_server(const Topology& topo) {
   return true;
 }
 
+// A group with one member on each server runs the schedules written for one
+// server over the steps between them: the same one-shot, ring and two-shot,
+// the same bits. The schedules across servers keep what is asked of them by
+// name (direct, hierarchical) and the fused matmul_reduce_scatter, whose
+// pieces are made as they are sent.
+bool runs_over_steps(const GroupShape& g, const GatherCall& call) {
+  if (g.topo.servers() < 2 || !g.topo.one_per_server() || g.steps.max_step_bytes == 0) return false;
+  if (call.op == OpCode::kMatmulReduceScatter) return false;
+  return call.schedule != Schedule::kDirect && call.schedule != Schedule::kHierarchical;
+}
+
 }  // namespace
 
 CallPlan plan_call(const GroupShape& g, const GatherCall& call) {
   const bool sums = call.op == OpCode::kReduceScatter || call.op == OpCode::kAllReduce;
   const bool fused = call.op == OpCode::kMatmulReduceScatter;
+  if (runs_over_steps(g, call)) {
+    GroupShape one = g;
+    one.topo = Topology::of(std::vector<int>(static_cast<size_t>(g.topo.members()), 0), g.topo.mine);
+    one.local = g.steps;
+    GatherCall c = call;
+    // Two members between servers: one-shot sums at every size (two-shot's
+    // halved sums do not pay for its second round trip).
+    if (sums && g.topo.members() == 2 && c.schedule == Schedule::kAuto) c.schedule = Schedule::kOneShot;
+    CallPlan p = sums ? plan_reduction(one, c) : plan_gather(one, c);
+    p.asked = call.schedule;
+    p.over_steps = true;
+    return p;
+  }
   if ((sums || fused) && g.topo.servers() > 1) {
     auto refuse = [&](std::string why) {
       CallPlan p;
@@ -238,7 +264,8 @@ CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
   p.piece = p.protocol == Protocol::kInline ? call.bytes : (pipelined != 0 ? pipelined : largest);
   p.read_piece = largest;
   p.relay_piece = p.schedule == Schedule::kHierarchical ? largest : 0;
-  p.in_place = g.local.shared_heap && call.bytes >= kInPlaceMinBytes && p.protocol != Protocol::kInline;
+  p.in_place = ((g.local.shared_heap && call.bytes >= kInPlaceMinBytes) || g.local.sends_from_source) &&
+               p.protocol != Protocol::kInline;
   return p;
 }
 
@@ -298,6 +325,10 @@ std::string size_words(size_t b) {
 GroupShape example_group(std::vector<int> servers, bool single_copy = true, bool heap = false) {
   GroupShape g;
   g.topo = Topology::of(servers, 0);
+  if (g.topo.one_per_server()) {  // as a communicator makes them (NetSteps)
+    const size_t step = net_piece_bytes(0, 64, default_settings().net_piece_bytes);
+    g.steps = {.max_step_bytes = step, .pipeline_bytes = step};
+  }
   g.local = {.inline_bytes = transport::kInlineBytes,
              .max_step_bytes = transport::ShmChannel::max_step_bytes_for(default_settings().ring_bytes),
              .pipeline_bytes = 64 << 10,
@@ -332,6 +363,13 @@ std::vector<PlanRow> plan_table() {
   const Settings& d = default_settings();
   const std::vector<int> one_server = {0, 0, 0}, two_servers = {0, 0, 1, 1};
   return {
+      {"across servers, one member on each, neither direct nor hierarchical asked for, any op but "
+       "matmul_reduce_scatter", "over the steps between servers, planned by the rows of one server below",
+       fmt::format("a step is a UCX message to each peer of what it reads (a ring step's bytes to the next member "
+                   "only, a reduce-scatter step's piece to its member), sent from where it lies and received where it "
+                   "lands, at most {} (`FG_NET_PIECE_BYTES` of group rank 0); nothing inline, no single copy, no heap; "
+                   "the sums of two members one-shot at every size", size_words(d.net_piece_bytes)),
+       example_sum(OpCode::kAllReduce, 4096), example_group({0, 1, 2})},
       {"one server, the ring asked for, 3+ members, an op that keeps the blocks", "schedule: ring",
        "n-1 steps, each member forwarding one block",
        example_call(4096, Schedule::kRing), example_group(one_server)},

@@ -41,6 +41,10 @@ struct GroupShape {
   // memory), and between servers (UCX).
   transport::Capabilities local;
   transport::Capabilities net = transport::NetChannel::capabilities();
+  // Between servers when each holds one member: the steps over UCX
+  // (transport/net_steps.hpp) that the schedules within a server run on
+  // (max_step_bytes 0: none).
+  transport::Capabilities steps;
   // The job's ranks on this server are more than its cores (every member on
   // a server sees the same).
   bool outnumbered = false;
@@ -63,6 +67,10 @@ struct CallPlan {
   // A sum across servers run one-shot: the all-gather planned here gathers
   // every input, then each member sums (else: across.hpp's hierarchical sum).
   bool gathers_inputs = false;
+  // The group has one member on each server, and the schedule (one-shot,
+  // ring, two-shot: planned as within a server) runs over the steps between
+  // them (GroupShape::steps) instead of the exchange of across.hpp.
+  bool over_steps = false;
   Status error;            // this call cannot run (nothing has been posted)
 };
 

@@ -47,15 +47,17 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
     } else if (!inline_data) {
       step.len = stride * static_cast<size_t>(n);
       step.fill = &fill_ref;
+      step.readers.each = stride;  // member d reads piece d
     }
     // The own piece is made while the peers make theirs.
     auto posted = [&] {
       if (produce != nullptr && len_me != 0) (*produce)(me, off, len_me, scratch);
     };
     auto take = [&](int peer, const transport::PostHeader& h, const std::byte* src) {
-      // Posted whole (inline, or the input in the peer's heap), or a piece per member.
+      // Posted whole (inline, or the input in the peer's heap), or a piece
+      // per member, this member's where the channel says it is.
       srcs[static_cast<size_t>(peer)] = inline_data || h.in_heap != 0 ? src + chunks.first(me) + off
-                                                                      : src + static_cast<size_t>(me) * stride;
+                                                                      : ch.bytes(peer, ch.last_step(), false, static_cast<size_t>(me) * stride);
     };
     Status s = co_await lockstep(st, step, posted, take);
     if (!s.ok()) co_return s;
@@ -73,12 +75,19 @@ engine::Task<Status> share_sums(CallState& st, const Chunks& chunks, std::byte* 
   const int me = ch.me();
   const size_t piece = st.plan.piece * static_cast<size_t>(ch.members());
   for (size_t off = 0; off == 0 || off < chunks.each; off += piece) {
-    const Step step{.data = out + chunks.first(me) + off, .len = part(chunks.size(me), off, piece), .may_be_in_place = true};
+    // A channel that receives in place puts each peer's sums straight where
+    // they go (and take copies nothing).
+    auto land = [&](int peer, size_t* room) -> std::byte* {
+      *room = part(chunks.size(peer), off, piece);
+      return out + chunks.first(peer) + off;
+    };
+    const FunctionRef<std::byte*(int, size_t*)> land_ref(land);
+    const Step step{.data = out + chunks.first(me) + off, .len = part(chunks.size(me), off, piece), .may_be_in_place = true,
+                    .land = &land_ref};
     auto nothing = [] {};
     auto take = [&](int peer, const transport::PostHeader&, const std::byte* src) {
-      if (const size_t len = part(chunks.size(peer), off, piece); len != 0) {
-        copy_out(out + chunks.first(peer) + off, src, len, false);
-      }
+      std::byte* dst = out + chunks.first(peer) + off;
+      if (const size_t len = part(chunks.size(peer), off, piece); len != 0 && dst != src) copy_out(dst, src, len, false);
     };
     Status s = co_await lockstep(st, step, nothing, take);
     if (!s.ok()) co_return s;
@@ -133,12 +142,9 @@ engine::Task<Status> reduce(transport::Channel& ch, GatherCall call, const CallP
     s = co_await scatter_sums(st, Chunks::equal(call.bytes, n), 0, sum);
   }
   if (!s.ok()) co_return s;
-  if (st.in_place) {
-    // Peers may still read what lies in this member's heap: nobody leaves
-    // before everyone is done.
-    if (Status d = co_await done_reading(st); !d.ok()) co_return d;
-  }
-  co_return Status::Ok();
+  // Peers may still read what lies in this member's heap (nobody leaves
+  // before everyone is done), or its sends be on their way.
+  co_return co_await finish(st);
 }
 
 engine::Task<Status> reduce_scatter_produced(transport::Channel& ch, GatherCall call, const CallPlan& plan,

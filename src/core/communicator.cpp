@@ -760,6 +760,26 @@ class GroupBuilder {
         !s.ok()) {
       return fail(s);
     }
+    if (impl->shape.topo.one_per_server()) {
+      // The schedules written for one server run between the servers, a
+      // UCX message per step of at most member 0's FG_NET_PIECE_BYTES (as
+      // the shared-memory pipeline step is the segment creator's): members
+      // whose settings differ still cut every call into the same steps.
+      const std::string step_key = key_ + "/steps";
+      std::string step_text = std::to_string(algo::net_piece_bytes(0, 64, c_.settings.net_piece_bytes));
+      if (me_ == 0) {
+        if (Status s = c_.store->set(step_key, step_text); !s.ok()) return fail(s);
+      } else {
+        auto got = read(step_key);
+        if (!got.ok()) return fail(got.status());
+        step_text = got.value();
+      }
+      auto step = bootstrap::parse_number(fmt::format("store key '{}'", step_key), step_text, size_t{1} << 30);
+      if (!step.ok()) return fail(step.status());
+      if (step.value() < 64) return fail({ErrorKind::kInvalidArgument, fmt::format("store key '{}': a step of {} bytes", step_key, step.value())});
+      impl->steps = std::make_unique<transport::NetSteps>(*impl->net, static_cast<int>(ranks_.size()), step.value());
+      impl->shape.steps = impl->steps->capabilities();
+    }
     return Status::Ok();
   }
 

@@ -16,6 +16,7 @@
 #include "engine/progress.hpp"
 #include "fastgather/communicator.hpp"
 #include "transport/net_channel.hpp"
+#include "transport/net_steps.hpp"
 #include "transport/shm_channel.hpp"
 
 namespace fastgather {
@@ -33,6 +34,9 @@ struct Group::Impl {
   std::shared_ptr<Tensor::Owner> heap_owner;
   // Across servers: null when every member is on this server.
   std::unique_ptr<transport::NetChannel> net;
+  // With one member on each server: the steps over net that the schedules
+  // written for one server run on (algo::CallPlan::over_steps).
+  std::unique_ptr<transport::NetSteps> steps;
   // What plan_call needs to know of the group (shape.topo: its layout);
   // fixed once the group is made.
   algo::GroupShape shape;
@@ -81,5 +85,11 @@ inline Group::Impl* impl_of(const Group& g) { return GroupAccess::of(g); }
 
 inline transport::ShmChannel& channel_of(Group& g) { return *impl_of(g)->channel; }
 inline bool spans_servers(const Group& g) { return impl_of(g)->net != nullptr; }
+// The channel a plan's schedule runs on: the shared memory of this server,
+// or the steps between servers.
+inline transport::Channel& channel_for(Group::Impl& i, const algo::CallPlan& plan) {
+  if (plan.over_steps) return *i.steps;
+  return *i.channel;
+}
 
 }  // namespace fastgather

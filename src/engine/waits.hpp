@@ -43,6 +43,31 @@ class Arrival final : public Waiter {
 };
 inline Arrival arrival(transport::Channel& ch, int member, uint64_t step) { return {ch, member, step}; }
 
+// co_await sent(channel): every post's bytes have left this member's memory
+// (Channel::sent; at once where peers read them in place).
+class Sent final : public Waiter {
+ public:
+  explicit Sent(transport::Channel& ch) : ch_(ch) {}
+  bool await_ready() {
+    error = ch_.broken();
+    return !error.ok() || ch_.sent();
+  }
+  Status await_resume() { return error; }
+
+  bool ready() override { return ch_.sent(); }
+  Status check() override { return ch_.check(ch_.me()); }
+  Status timed_out(std::chrono::milliseconds t) override { return ch_.timed_out(ch_.me(), ch_.last_step(), t); }
+  Status fail(const Status& why) override {
+    ch_.abort(why);
+    return ch_.broken();
+  }
+  void sleep(std::chrono::nanoseconds slice) override { ch_.sleep(ch_.me(), ch_.last_step(), slice); }
+
+ private:
+  transport::Channel& ch_;
+};
+inline Sent sent(transport::Channel& ch) { return Sent(ch); }
+
 // co_await verdict(channel, member): whether member could read every peer
 // by single copy, once it has said so (the probe when a group is made).
 class Verdict final : public Waiter {

@@ -170,7 +170,9 @@ engine::Task<Status> broadcast_op(Group& group, const TensorView& data, int root
   }
   const size_t bytes = data.nbytes();
   auto* mine = static_cast<std::byte*>(data.data);
-  if (impl_of(group)->net != nullptr) {
+  // Across servers, an all-gather of every member's tensor, unless one
+  // member on each server runs the one-server schedule between them.
+  if (impl_of(group)->net != nullptr && impl_of(group)->steps == nullptr) {
     std::vector<std::byte> all(bytes * static_cast<size_t>(group.size()));
     const TensorView out(all.data(), data.dtype, {data.numel() * group.size()});
     if (Status s = co_await all_gather_op(group, data, out, {}); !s.ok()) co_return s;

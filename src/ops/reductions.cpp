@@ -109,20 +109,25 @@ engine::Task<Status> sum_across(Group& group, algo::GatherCall call, const algo:
 engine::Task<Status> run_reduce(Group& group, algo::GatherCall call, std::byte* out, CallStats* stats) {
   Group::Impl& i = *impl_of(group);
   const algo::CallPlan plan = ops::plan_for(group, call);
-  if (i.net != nullptr && plan.gathers_inputs) co_return co_await gather_and_sum(group, call, out, stats);
-  if (i.net != nullptr) co_return co_await sum_across(group, call, plan, out, stats);
+  const bool across = i.net != nullptr && !plan.over_steps;
+  if (across && plan.gathers_inputs) co_return co_await gather_and_sum(group, call, out, stats);
+  if (across) co_return co_await sum_across(group, call, plan, out, stats);
   const ops::Reduction r = reduction_of(group, call);
   auto sum = [&r, out](size_t offset, const std::byte* const* srcs, int n, size_t bytes) {
     r.apply(out + offset, srcs, n, bytes);
   };
   const auto t0 = stats != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  Status s = co_await algo::reduce(*i.channel, call, plan, out, sum);
+  const bool was_broken = i.net != nullptr && !i.net->broken().ok();
+  Status s = co_await algo::reduce(channel_for(i, plan), call, plan, out, sum);
+  if (plan.over_steps) s = ops::over_steps_words(i, std::move(s), was_broken);
   if (stats != nullptr) {
     *stats = {};
     stats->schedule = plan.schedule;
     stats->protocol = algo::protocol_name(plan.protocol);
     stats->piece_bytes = plan.piece;
-    stats->intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    // Over the steps between servers, all of it is the servers' time.
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    (plan.over_steps ? stats->inter_ns : stats->intra_ns) = ns;
   }
   co_return s;
 }

@@ -27,6 +27,11 @@ struct Capabilities {
   // Every piece of a call may be posted at once, received straight where it
   // lands (UCX); otherwise steps are paced by the peers' reading (a ring).
   bool many_in_flight = false;
+  // A step's bytes are sent from where they lie (no copy into the channel;
+  // Channel::sent() says when they have left), and a peer's are received
+  // where the schedule says they land (Channel::land): the steps over UCX.
+  bool sends_from_source = false;
+  bool receives_in_place = false;
 };
 
 }  // namespace fastgather::transport

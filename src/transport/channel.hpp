@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "fastgather/status.hpp"
@@ -43,6 +44,16 @@ struct PostHeader {
   }
 };
 
+// Which peers read which bytes of a post: a channel that sends each peer
+// its own copy (NetSteps) sends each only what it reads; one that
+// publishes a post for all to read (shared memory) ignores it.
+struct Readers {
+  int only = -1;    // the one peer that reads the bytes (-1: every peer; the others still see the header)
+  size_t each = 0;  // non-zero: peer d reads bytes [d x each, (d+1) x each) of the post, clipped to its length
+  // Where peer `d`'s part starts in the post.
+  size_t start(int d) const { return each * static_cast<size_t>(d); }
+};
+
 class Channel {
  public:
   virtual ~Channel() = default;
@@ -61,16 +72,40 @@ class Channel {
   // post; *offset goes into the step's PostHeader.
   virtual std::byte* claim(size_t len, uint32_t* offset) = 0;
   // Publishes this member's step: the header, and either inline bytes
-  // (at most capabilities().inline_bytes) or the bytes claimed for it. A
-  // failure breaks the channel (broken()), which the next wait sees.
-  virtual void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr,
-                    size_t inline_len = 0) = 0;
+  // (at most capabilities().inline_bytes) or the bytes claimed for it, of
+  // which each peer reads what `readers` says. A failure breaks the channel
+  // (broken()), which the next wait sees.
+  virtual void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0,
+                    Readers readers = {}) = 0;
   // Whether `member` has posted `step` (its bytes are then visible here).
   virtual bool arrived(int member, uint64_t step) = 0;
-  // A post that arrived: its header, and where its bytes are readable
-  // (inline_data: the post carried them inline) until this member posts again.
+  // A post that arrived: its header, and where the part of its bytes that
+  // this member reads is readable (inline_data: the post carried them
+  // inline; mine: where that part starts in the post, Readers::start(me()))
+  // until this member posts again.
   virtual const PostHeader& header(int member, uint64_t step) const = 0;
-  virtual const std::byte* bytes(int member, uint64_t step, bool inline_data) const = 0;
+  virtual const std::byte* bytes(int member, uint64_t step, bool inline_data, size_t mine = 0) const = 0;
+
+  // Posting bytes where they lie. in_place(): whether this member's len
+  // bytes at `data` may be posted so (with capabilities().shared_heap: their
+  // offset in this member's heap region, where peers read them; with
+  // sends_from_source: 0, from anywhere) or must be copied (nullopt). Then
+  // post_in_place() posts them (the header's in_heap and offset set from
+  // in_place()); they must stay unchanged until the call ends: a heap's
+  // readers say "done reading" in a last step, a channel that sends them
+  // says sent().
+  virtual std::optional<uint64_t> in_place(const std::byte* /*data*/, size_t /*len*/) const { return std::nullopt; }
+  virtual void post_in_place(uint64_t step, const PostHeader& header, const std::byte* /*data*/, size_t /*len*/,
+                             Readers readers) {
+    post(step, header, nullptr, 0, readers);
+  }
+  // Whether every post's bytes have left this member's memory.
+  virtual bool sent() { return true; }
+  // With capabilities().receives_in_place, before this member posts `step`:
+  // member's part of that step (at most len bytes) is to land at dst, and
+  // bytes() will say dst. Ignored by a channel whose peers' posts are read
+  // where they lie.
+  virtual void land(int /*member*/, uint64_t /*step*/, std::byte* /*dst*/, size_t /*len*/) {}
 
   // Whether `member` is still there: an error once it died or left.
   virtual Status check(int member) = 0;

@@ -96,8 +96,9 @@ class NetChannel {
   int world_rank(int member) const { return world_ranks_[member]; }
   const std::string& label() const { return label_; }
   // What every NetChannel can do: post every piece at once, each received
-  // where it lands; no more pieces than the tag numbers.
-  static constexpr Capabilities capabilities() { return {.max_pieces = kMaxNetPieces, .many_in_flight = true}; }
+  // where it lands; no more pieces than the tag numbers (the last number is
+  // the steps', NetSteps::kStepPiece).
+  static constexpr Capabilities capabilities() { return {.max_pieces = kMaxNetPieces - 1, .many_in_flight = true}; }
   // Every member calls this once per collective, in the same order.
   uint32_t next_call() { return ++call_; }
 

@@ -129,7 +129,7 @@ bool ShmChannel::member_dead(int m) const {
   return pids_[m] > 0 && ::kill(pids_[m], 0) != 0 && errno == ESRCH;
 }
 
-void ShmChannel::post(uint64_t step, const PostHeader& header, const void* inline_data, size_t inline_len) {
+void ShmChannel::post(uint64_t step, const PostHeader& header, const void* inline_data, size_t inline_len, Readers) {
   PostLine& line = ctl(me_).post[step & 1];
   line.header = header;
   if (inline_len != 0) std::memcpy(line.inline_data, inline_data, inline_len);

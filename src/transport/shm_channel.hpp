@@ -120,8 +120,14 @@ class ShmChannel final : public Channel {
   // The channel reads from it; the group owns it.
   void set_heap(const ShmHeap* heap) { heap_ = heap; }
   const ShmHeap* heap() const override { return heap_; }
+  // In place: in this member's heap region, where peers read them.
+  std::optional<uint64_t> in_place(const std::byte* data, size_t len) const override {
+    return heap_ != nullptr ? heap_->own_offset(data, len) : std::nullopt;
+  }
   // Publishes this member's step, with header and optional inline bytes.
-  void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0) override;
+  // Every peer reads the post where it lies: readers changes nothing.
+  void post(uint64_t step, const PostHeader& header, const void* inline_data = nullptr, size_t inline_len = 0,
+            Readers readers = {}) override;
   // Single copy (CMA): a member reads a peer's bytes straight from the peer's
   // memory with process_vm_readv. Every member must be able to read every
   // other (ptrace permission; containers and seccomp may refuse), so the
@@ -153,9 +159,9 @@ class ShmChannel final : public Channel {
   }
   const PostLine& line(int member, uint64_t step) const { return ctl(member).post[step & 1]; }
   const PostHeader& header(int member, uint64_t step) const override { return line(member, step).header; }
-  const std::byte* bytes(int member, uint64_t step, bool inline_data) const override {
+  const std::byte* bytes(int member, uint64_t step, bool inline_data, size_t mine = 0) const override {
     const PostLine& l = line(member, step);
-    return inline_data ? reinterpret_cast<const std::byte*>(l.inline_data) : member_data(member, l.header);
+    return (inline_data ? reinterpret_cast<const std::byte*>(l.inline_data) : member_data(member, l.header)) + mine;
   }
   // Whether `member` is still there: an error once it died or aborted.
   Status check(int member) override;

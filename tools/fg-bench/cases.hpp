@@ -34,9 +34,11 @@ class Case {
 
  protected:
   using Clock = std::chrono::steady_clock;
-  // Across servers: the call's server-local and inter-server shares.
+  // Across servers: the call's server-local and inter-server shares (with
+  // one rank on each server, the schedule of one server between them: all
+  // of it inter-server).
   void account(const CallStats& st) {
-    if (st.schedule != Schedule::kDirect && st.schedule != Schedule::kHierarchical) return;
+    if (st.schedule != Schedule::kDirect && st.schedule != Schedule::kHierarchical && st.inter_ns == 0) return;
     const std::string sched = to_string(st.schedule);
     phase_us["intra-server"] += st.intra_ns / 1000.0;
     phase_us["inter-server (" + sched + ")"] += st.inter_ns / 1000.0;
