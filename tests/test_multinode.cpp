@@ -161,6 +161,27 @@ TEST(OneRankEachServer, TheSchedulesOfOneServerRunBetweenServers) {
   }
 }
 
+// Many calls back to back, sizes from one byte to several steps, the same
+// buffers each time: every byte of every call right (a step read from a
+// buffer still holding another step's bytes would show), and no memory grows.
+TEST(OneRankEachServer, ThousandsOfCallsOfMixedSizesEveryByte) {
+  fgtest::JobOptions jo;
+  jo.servers = 2;
+  jo.timeout = std::chrono::milliseconds(20000);
+  auto results = fgtest::run_job(2, [&](const Config& given) -> std::string {
+    Config c = given;
+    Settings st = c.settings.value_or(Settings{});
+    st.net_piece_bytes = 16 << 10;  // several steps from 16 KiB on
+    c.settings = st;
+    const double before = fgtest::rss_bytes();
+    if (auto e = fgtest::gather_mixed_sizes(c, 1, 2, {1, 4097, 70000, (size_t{1} << 18) + 5, 33}, 2000); !e.empty()) return e;
+    const double grown = fgtest::rss_bytes() - before;
+    RANK_CHECK(grown < 64.0 * (1 << 20), "resident memory grew by {:.0f} MiB over 2000 calls", grown / (1 << 20));
+    return "";
+  }, jo);
+  fgtest::expect_all_ok(results);
+}
+
 using Clock = std::chrono::steady_clock;
 
 // A rank on another server disagreeing on the size: every member reports the

@@ -23,9 +23,10 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
   const int n = ch.members();
   const int me = ch.me();
   const bool inline_data = st.plan.protocol == Protocol::kInline && produce == nullptr;
-  // Peers read the input where it lies when it is in this member's heap.
-  const bool from_heap = produce == nullptr && st.plan.in_place && ch.heap() != nullptr &&
-                         ch.heap()->own_offset(call.input, call.bytes);
+  // The input posted where it lies (read there in this member's heap, or
+  // each peer sent its piece from there), unless it is made as it is sent.
+  const bool from_heap = produce == nullptr && st.plan.in_place && call.bytes != 0 &&
+                         ch.in_place(call.input, call.bytes).has_value();
   const size_t sub = inline_data ? std::max<size_t>(chunks.each, 1) : st.plan.piece;
   Sources srcs(n);
   for (size_t off = 0; st.first || off < chunks.each; off += sub) {
@@ -44,6 +45,7 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
     Step step{.inline_data = inline_data, .data = call.input, .len = call.bytes};
     if (from_heap) {
       step.may_be_in_place = true;
+      step.readers = {.each = chunks.each, .base = off, .length = stride};  // member d: its chunk's piece
     } else if (!inline_data) {
       step.len = stride * static_cast<size_t>(n);
       step.fill = &fill_ref;

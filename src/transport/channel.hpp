@@ -49,9 +49,14 @@ struct PostHeader {
 // publishes a post for all to read (shared memory) ignores it.
 struct Readers {
   int only = -1;    // the one peer that reads the bytes (-1: every peer; the others still see the header)
-  size_t each = 0;  // non-zero: peer d reads bytes [d x each, (d+1) x each) of the post, clipped to its length
-  // Where peer `d`'s part starts in the post.
-  size_t start(int d) const { return each * static_cast<size_t>(d); }
+  // each non-zero: peer d reads `length` bytes (0: each) from base + d x each
+  // of the post on, clipped to the post's length.
+  size_t each = 0;
+  size_t base = 0;
+  size_t length = 0;
+  // Where peer `d`'s part starts in the post, and how long it is at most.
+  size_t start(int d) const { return base + each * static_cast<size_t>(d); }
+  size_t most() const { return length != 0 ? length : each; }
 };
 
 class Channel {

@@ -27,14 +27,14 @@ NetSteps::NetSteps(NetChannel& net, int members, size_t max_step_bytes)
 // then the step's bytes.
 size_t NetSteps::headers_bytes() const { return sizeof(PostHeader) * static_cast<size_t>(members_); }
 
-std::byte* NetSteps::send_buffer() {
-  if (claimed_ != nullptr) return claimed_;
-  // Every buffer is free again once UCX has completed every send; until
-  // then a post takes one that was not sent from (two, in the steady state).
-  if (net_.poll_sends()) sends_used_ = 0;
-  if (sends_used_ == send_bufs_.size()) send_bufs_.push_back(std::make_unique<std::byte[]>(headers_bytes() + max_step_));
-  claimed_ = send_bufs_[sends_used_++].get();
-  return claimed_;
+// The send buffer of `step`: the one of step-2 is free again, since every
+// peer has received that step before this member can post this one (a peer
+// posts step-1 only once its wait for step-2 is over, and this member posts
+// only once every peer's step-1 has arrived: the contract of channel.hpp).
+std::byte* NetSteps::send_buffer(uint64_t step) {
+  auto& b = send_bufs_[step & 1];
+  if (b == nullptr) b = std::make_unique<std::byte[]>(headers_bytes() + max_step_);
+  return b.get();
 }
 
 std::byte* NetSteps::claim(size_t len, uint32_t* offset) {
@@ -45,12 +45,11 @@ std::byte* NetSteps::claim(size_t len, uint32_t* offset) {
     oversize_.resize(len);
     return oversize_.data();
   }
-  return send_buffer() + headers_bytes();
+  return send_buffer(step_) + headers_bytes();
 }
 
 void NetSteps::post(uint64_t step, const PostHeader& header, const void* inline_data, size_t inline_len, Readers readers) {
-  std::byte* buf = send_buffer();
-  claimed_ = nullptr;
+  std::byte* buf = send_buffer(step);
   size_t len = claimed_len_;
   claimed_len_ = 0;
   if (inline_data != nullptr || inline_len != 0) {
@@ -65,14 +64,8 @@ void NetSteps::post(uint64_t step, const PostHeader& header, const void* inline_
 }
 
 void NetSteps::post_in_place(uint64_t step, const PostHeader& header, const std::byte* data, size_t len, Readers readers) {
-  if (len > max_step_) {
-    abort({ErrorKind::kInvalidArgument, fmt::format("{}: a step of {} bytes, more than the {} a step holds", label(), len, max_step_)});
-    return;
-  }
-  std::byte* buf = send_buffer();  // the headers only
-  claimed_ = nullptr;
   claimed_len_ = 0;
-  send_step(step, header, buf, data, len, readers);
+  send_step(step, header, send_buffer(step), data, len, readers);  // the buffer holds the headers only
 }
 
 void NetSteps::send_step(uint64_t step, const PostHeader& header, std::byte* buf, const std::byte* data, size_t len,
@@ -90,7 +83,12 @@ void NetSteps::send_step(uint64_t step, const PostHeader& header, std::byte* buf
       part = 0;
     } else if (readers.each != 0) {
       from = std::min(readers.start(p), len);
-      part = std::min(readers.each, len - from);
+      part = std::min(readers.most(), len - from);
+    }
+    if (part > max_step_) {  // a schedule's bug (plans cut steps to capabilities().max_step_bytes)
+      abort({ErrorKind::kInvalidArgument, fmt::format("{}: a step of {} bytes for rank {}, more than the {} a step holds",
+                                                      label(), part, world_rank(p), max_step_)});
+      return;
     }
     auto* h = reinterpret_cast<PostHeader*>(buf) + p;
     *h = header;

@@ -3,10 +3,11 @@
 // algo/reduce.cpp) run unchanged between servers. A step is one UCX message
 // from each member to each peer: the member's header, then its bytes.
 //
-// Buffers: a member's post is copied into a send buffer (claim() hands one
-// out), and each peer is sent the header and the part of the post it reads
-// (Readers: all of it, nothing but the header, or its own slice); the buffer
-// is reused once UCX has completed every send. A peer's post of step
+// Buffers: a member's post is sent from where it lies (post_in_place) or
+// copied into the send buffer of its step's parity (claim()), and each peer
+// is sent the header and the part of the post it reads (Readers: all of it,
+// nothing but the header, or its own slice); a buffer is reused two steps
+// later, when every peer has received what was sent from it. A peer's post of step
 // t lands in its receive buffer of parity t: this member reads step t's bytes before it posts
 // t+1, and a peer is never more than a step ahead (the contract of
 // channel.hpp), so two buffers per peer suffice. The receives of a step are
@@ -92,7 +93,7 @@ class NetSteps final : public Channel {
   bool expect(int member, uint64_t step);
   // Takes every receive that completed since the last look.
   void take_completions();
-  std::byte* send_buffer();
+  std::byte* send_buffer(uint64_t step);
   // Sends each peer the header and its part of len bytes at data (headers in buf).
   void send_step(uint64_t step, const PostHeader& header, std::byte* buf, const std::byte* data, size_t len, Readers readers);
   size_t headers_bytes() const;
@@ -102,11 +103,8 @@ class NetSteps final : public Channel {
   size_t max_step_;
   uint64_t step_ = 0;
   std::vector<Slot> slots_;  // two per member (its own unused)
-  // Send buffers: the one claimed for the next post, and those whose sends
-  // may be in flight (all free again once UCX completed every send).
-  std::vector<std::unique_ptr<std::byte[]>> send_bufs_;
-  size_t sends_used_ = 0;
-  std::byte* claimed_ = nullptr;
+  // Send buffers, by step parity (send_buffer()), made at first use.
+  std::unique_ptr<std::byte[]> send_bufs_[2];
   size_t claimed_len_ = 0;
   std::vector<std::byte> oversize_;  // where a step too large for a buffer is written, never sent
   std::optional<std::chrono::steady_clock::time_point> lost_since_;
