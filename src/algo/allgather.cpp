@@ -101,6 +101,9 @@ engine::Task<Status> lockstep(CallState& st, const Step& s, FunctionRef<void()> 
     else st.mismatch += "; ";
     st.mismatch += words;
   }
+  // The call ends on the mismatch (the group goes on): what this member
+  // sent from where it lies has left before the caller may reuse it.
+  if (!st.mismatch.empty() && st.sent_in_place) co_return co_await engine::sent(ch);
   co_return Status::Ok();
 }
 
