@@ -25,7 +25,7 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
   const bool inline_data = st.plan.protocol == Protocol::kInline && produce == nullptr;
   // The input posted where it lies (read there in this member's heap, or
   // each peer sent its piece from there), unless it is made as it is sent.
-  const bool from_heap = produce == nullptr && st.plan.in_place && call.bytes != 0 &&
+  const bool where_it_lies = produce == nullptr && st.plan.in_place && call.bytes != 0 &&
                          ch.in_place(call.input, call.bytes).has_value();
   const size_t sub = inline_data ? std::max<size_t>(chunks.each, 1) : st.plan.piece;
   Sources srcs(n);
@@ -43,7 +43,7 @@ engine::Task<Status> scatter_sums(CallState& st, const Chunks& chunks, size_t at
     };
     FunctionRef<void(std::byte*)> fill_ref(fill);
     Step step{.inline_data = inline_data, .data = call.input, .len = call.bytes};
-    if (from_heap) {
+    if (where_it_lies) {
       step.may_be_in_place = true;
       step.readers = {.each = chunks.each, .base = off, .length = stride};  // member d: its chunk's piece
     } else if (!inline_data) {

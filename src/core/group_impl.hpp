@@ -85,11 +85,5 @@ inline Group::Impl* impl_of(const Group& g) { return GroupAccess::of(g); }
 
 inline transport::ShmChannel& channel_of(Group& g) { return *impl_of(g)->channel; }
 inline bool spans_servers(const Group& g) { return impl_of(g)->net != nullptr; }
-// The channel a plan's schedule runs on: the shared memory of this server,
-// or the steps between servers.
-inline transport::Channel& channel_for(Group::Impl& i, const algo::CallPlan& plan) {
-  if (plan.over_steps) return *i.steps;
-  return *i.channel;
-}
 
 }  // namespace fastgather

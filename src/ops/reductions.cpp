@@ -117,9 +117,9 @@ engine::Task<Status> run_reduce(Group& group, algo::GatherCall call, std::byte* 
     r.apply(out + offset, srcs, n, bytes);
   };
   const auto t0 = stats != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  const bool was_broken = i.net != nullptr && !i.net->broken().ok();
-  Status s = co_await algo::reduce(channel_for(i, plan), call, plan, out, sum);
-  if (plan.over_steps) s = ops::over_steps_words(i, std::move(s), was_broken);
+  Status s;
+  if (plan.over_steps) s = co_await ops::over_steps(i, algo::reduce(*i.steps, call, plan, out, sum));
+  else s = co_await algo::reduce(*i.channel, call, plan, out, sum);
   if (stats != nullptr) {
     *stats = {};
     stats->schedule = plan.schedule;

@@ -49,13 +49,15 @@ inline engine::Task<Status> explained(Group::Impl& i, engine::Task<Status> call,
   co_return explain_across(i, std::move(s), was_broken, st.headers_compared);
 }
 
-// A schedule run over the steps between servers (plan.over_steps) that
-// failed: members that disagreed all saw it in the same step (lockstep
-// compares every header), and the group stays usable, as within a server; a
-// lost member may have said why it left.
-inline Status over_steps_words(Group::Impl& i, Status s, bool was_broken) {
-  if (s.kind() != ErrorKind::kPeerLost) return s;
-  return explain_across(i, std::move(s), was_broken, false);
+// Runs `call`, a schedule over the steps between servers (plan.over_steps),
+// and says its failure: members that disagreed all saw it in the same step
+// (lockstep compares every header), and the group stays usable, as within a
+// server; a lost member may have said why it left.
+inline engine::Task<Status> over_steps(Group::Impl& i, engine::Task<Status> call) {
+  const bool was_broken = !i.net->broken().ok();
+  Status s = co_await call;
+  if (s.kind() != ErrorKind::kPeerLost) co_return s;
+  co_return explain_across(i, std::move(s), was_broken, false);
 }
 
 // Runs `plan` (plan_for's for this call) on the group: within one server, or
@@ -74,9 +76,8 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Ca
     s = co_await algo::gather(*i.channel, call, plan, sink);
     st.intra_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   } else if (plan.over_steps) {
-    const bool was_broken = !i.net->broken().ok();
     const auto t0 = std::chrono::steady_clock::now();
-    s = over_steps_words(i, co_await algo::gather(*i.steps, call, plan, sink), was_broken);
+    s = co_await over_steps(i, algo::gather(*i.steps, call, plan, sink));
     st.inter_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   } else {
     s = co_await explained(i, algo::gather_across(*i.channel, *i.net, i.shape.topo, call, plan, sink), st);

@@ -106,7 +106,7 @@ bool NetSteps::arrived(int member, uint64_t step) {
   return s.done;
 }
 
-bool NetSteps::expect(int member, uint64_t step) {
+bool NetSteps::expect(int member, uint64_t step, std::byte* dst, size_t room) {
   Slot& s = slot(member, step);
   if (s.step != step) {
     if (s.step != 0 && !s.done) {  // the contract of channel.hpp broken: two receives into one buffer
@@ -116,7 +116,8 @@ bool NetSteps::expect(int member, uint64_t step) {
     }
     s.step = step;
     s.done = false;
-    if (s.land_step != step) s.dst = nullptr;
+    s.dst = room != 0 ? dst : nullptr;
+    s.room = room;
     // Into the buffer, or the header there, the bytes where they land and
     // what a peer that disagrees sends beyond their room into the buffer
     // (its header then differs, which lockstep names: a mismatch, not a
@@ -130,13 +131,7 @@ bool NetSteps::expect(int member, uint64_t step) {
   return true;
 }
 
-void NetSteps::land(int member, uint64_t step, std::byte* dst, size_t len) {
-  Slot& s = slot(member, step);
-  if (s.step == step) return;  // its receive is posted already
-  s.land_step = step;
-  s.dst = len != 0 ? dst : nullptr;
-  s.room = len;
-}
+void NetSteps::land(int member, uint64_t step, std::byte* dst, size_t len) { (void)expect(member, step, dst, len); }
 
 void NetSteps::take_completions() {
   while (auto c = net_.poll_receive()) {

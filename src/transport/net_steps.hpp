@@ -80,17 +80,17 @@ class NetSteps final : public Channel {
     std::vector<std::byte> buf;  // header, then at most a step of bytes
     uint64_t step = 0;           // the step a receive was posted for (0: none)
     bool done = false;
-    // Where the step's bytes land instead (land(): for step land_step).
+    // Where the step's bytes land instead (land()), and their room there.
     std::byte* dst = nullptr;
     size_t room = 0;
-    uint64_t land_step = 0;
     const PostHeader& header() const { return *reinterpret_cast<const PostHeader*>(buf.data()); }
   };
   Slot& slot(int member, uint64_t step) { return slots_[static_cast<size_t>(member) * 2 + (step & 1)]; }
   const Slot& slot(int member, uint64_t step) const { return slots_[static_cast<size_t>(member) * 2 + (step & 1)]; }
-  // Posts the receive of member's post of `step`, unless it is posted
+  // Posts the receive of member's post of `step` (its bytes into dst, room
+  // bytes, where given; else into the slot's buffer), unless it is posted
   // already; false when the channel broke.
-  bool expect(int member, uint64_t step);
+  bool expect(int member, uint64_t step, std::byte* dst = nullptr, size_t room = 0);
   // Takes every receive that completed since the last look.
   void take_completions();
   std::byte* send_buffer(uint64_t step);
