@@ -533,16 +533,19 @@ TEST(Progress, ACallbackAskedForAfterTheCommunicatorIsGoneRunsOnAThreadOfItsOwn)
     const std::vector<int> ranks = (*comm)->world().ranks();
     RANK_OK((*comm)->finalize());
     comm.value().reset();  // the communicator, its progress thread and completion threads: gone
-    std::mutex held;
-    std::promise<std::thread::id> ran;
+    // Shared with the callback's thread, which may still be unlocking after
+    // this thread has seen the value and left (on the stack, TSan saw the
+    // mutex destroyed under that unlock).
+    auto held = std::make_shared<std::mutex>();
+    auto ran = std::make_shared<std::promise<std::thread::id>>();
+    auto fut = ran->get_future();
     {
-      std::lock_guard<std::mutex> lock(held);  // what the callback takes: it must not run here
-      f.req.on_complete([&](const Status& s) {
-        std::lock_guard<std::mutex> l(held);
-        ran.set_value(s.ok() ? std::this_thread::get_id() : std::thread::id());
+      std::lock_guard<std::mutex> lock(*held);  // what the callback takes: it must not run here
+      f.req.on_complete([held, ran](const Status& s) {
+        std::lock_guard<std::mutex> l(*held);
+        ran->set_value(s.ok() ? std::this_thread::get_id() : std::thread::id());
       });
     }
-    auto fut = ran.get_future();
     RANK_CHECK(fut.wait_for(10s) == std::future_status::ready, "the callback never ran");
     const std::thread::id where = fut.get();
     RANK_CHECK(where != std::thread::id(), "the callback saw an error");
