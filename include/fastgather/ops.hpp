@@ -217,6 +217,25 @@ Request start_all_to_all(Group& group, const TensorView& input, const TensorView
 Status all_to_all(Group& group, const TensorView& input, const TensorView& output,
                   std::span<const int64_t> send_counts = {}, std::span<const int64_t> recv_counts = {});
 
+// Point-to-point (MPI_Send, MPI_Recv): `data` goes from this member to group
+// rank `peer`, whose recv of as many bytes with the same tag takes it.
+// Messages from one member to another are taken in the order they were
+// sent; sends and receives run beside the group's collectives and beside
+// each other (each peer and direction in an order of its own), so exchanges
+// in any order complete. A send is complete once its bytes are out of
+// `data` (the receiver may not have taken them yet: small messages never
+// wait for it). A receive of another length or tag than what was sent is
+// kMismatch on both sides, and their later transfers that way fail too.
+// Between ranks of one server only, for now (kUnsupported across servers).
+constexpr int kAnySource = -1;
+Request start_send(Group& group, const TensorView& data, int peer, int64_t tag = 0);
+Status send(Group& group, const TensorView& data, int peer, int64_t tag = 0);
+// peer may be kAnySource (a group whose ranks are all on this server): the
+// first message with `tag` from any member; *source (when set) then says
+// which group rank sent it, once the receive is complete.
+Request start_recv(Group& group, const TensorView& data, int peer, int64_t tag = 0, int* source = nullptr);
+Status recv(Group& group, const TensorView& data, int peer, int64_t tag = 0, int* source = nullptr);
+
 struct ReduceOptions {
   // all_reduce: kOneShot or kTwoShot (kAuto: by size and members);
   // reduce_scatter: kOneShot. Every member must pass the same.

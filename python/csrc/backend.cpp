@@ -16,7 +16,8 @@ constexpr const char* kOnlyThese =
     "all_gather_into_tensor_coalesced, all_reduce, all_reduce_coalesced, reduce, reduce_scatter, "
     "reduce_scatter_tensor and its coalesced form (sum, avg, product, min, max, band, bor, bxor, premul_sum), "
     "broadcast, "
-    "gather, scatter, all_to_all, all_to_all_single and barrier; for other ops "
+    "gather, scatter, all_to_all, all_to_all_single, barrier, and send, recv and recv from any source between "
+    "ranks of one server; for other ops "
     "keep a gloo world "
     "(init_process_group(\"gloo\", ...)) and make the groups that gather and reduce with "
     "dist.new_group(ranks, backend=\"fastgather\")";
@@ -353,10 +354,58 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter(std::vecto
                     std::string("fastgather: ") + name + " is not supported by this backend. " + kOnlyThese); \
   }
 FG_UNSUPPORTED(allreduce_sparse, "allreduce_sparse", std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
-FG_UNSUPPORTED(send, "send", std::vector<at::Tensor>&, int, int)
-FG_UNSUPPORTED(recv, "recv", std::vector<at::Tensor>&, int, int)
-FG_UNSUPPORTED(recvAnysource, "recv (any source)", std::vector<at::Tensor>&, int)
 #undef FG_UNSUPPORTED
+
+// Point-to-point: the library's send and recv, beside the collectives
+// (fastgather/ops.hpp). Only the two ranks take part, so no sequence number
+// is counted (it must be the same on every member of the group).
+namespace {
+at::Tensor& one_tensor(const char* op, std::vector<at::Tensor>& tensors) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: ", op, " takes one tensor, got ", tensors.size());
+  check_tensor(tensors[0], op, "the tensor");
+  return tensors[0];
+}
+}  // namespace
+
+void ProcessGroupFastgather::check_peer(const char* op, int peer) const {
+  TORCH_CHECK_VALUE(peer >= 0 && peer < size_ && peer != rank_, "fastgather: ", op, ": rank ", peer,
+                    peer == rank_ ? " is this rank itself" : " is not a rank of the group", " (group of ", size_,
+                    ", this rank ", rank_, ")");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const at::Tensor& t = one_tensor("send", tensors);
+  check_peer("send", dst);
+  auto work = make_work(c10d::OpType::SEND, tensors);
+  const at::Tensor buf = t.contiguous();
+  work->flight().keep.push_back(buf);
+  start(*work, group(), [&](fg::Group& g) { return fg::start_send(g, view_of(buf), dst, tag); });
+  work->submitted();
+  return work;
+}
+
+void ProcessGroupFastgather::add_recv(FastgatherWork& work, const at::Tensor& t, int src, int tag) {
+  at::Tensor out = output_buffer(work, t);
+  work.flight().keep.push_back(out);
+  Flight* f = &work.flight();  // outlives the request (the work's flight holds both)
+  start(work, group(), [&](fg::Group& g) { return fg::start_recv(g, view_of(out), src, tag, &f->source); });
+  work.submitted();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const at::Tensor& t = one_tensor("recv", tensors);
+  check_peer("recv", src);
+  auto work = make_work(c10d::OpType::RECV, tensors);
+  add_recv(*work, t, src, tag);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const at::Tensor& t = one_tensor("recv (any source)", tensors);
+  auto work = make_work(c10d::OpType::RECVANYSOURCE, tensors);
+  add_recv(*work, t, fg::kAnySource, tag);
+  return work;
+}
 
 void ProcessGroupFastgather::check_tensor_gather(const char* op, const at::Tensor& output,
                                                  const at::Tensor& input) const {

@@ -71,11 +71,13 @@ class ProcessGroupFastgather : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
 
+  // Point-to-point, between ranks of one server (fg::send, fg::recv).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
 #define FG_UNSUPPORTED(op, ...) c10::intrusive_ptr<c10d::Work> op(__VA_ARGS__) override;
   FG_UNSUPPORTED(allreduce_sparse, std::vector<at::Tensor>&, const c10d::AllreduceOptions&)
-  FG_UNSUPPORTED(send, std::vector<at::Tensor>&, int, int)
-  FG_UNSUPPORTED(recv, std::vector<at::Tensor>&, int, int)
-  FG_UNSUPPORTED(recvAnysource, std::vector<at::Tensor>&, int)
 #undef FG_UNSUPPORTED
 
   // Sequence numbers, as gloo keeps them: from 0 when the group is made, one
@@ -104,6 +106,8 @@ class ProcessGroupFastgather : public c10d::Backend {
                                     const c10d::ReduceOp& reduce_op) const;
   void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input, fg::ReduceOp red);
   void check_root(const char* op, int64_t root) const;
+  void check_peer(const char* op, int peer) const;
+  void add_recv(FastgatherWork& work, const at::Tensor& t, int src, int tag);
   // A contiguous buffer for `user` (itself where it is contiguous), copied
   // back into it once the work's requests are done.
   at::Tensor output_buffer(FastgatherWork& work, const at::Tensor& user);

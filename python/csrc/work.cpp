@@ -35,6 +35,13 @@ FastgatherWork::~FastgatherWork() {
   });
 }
 
+int FastgatherWork::sourceRank() const {
+  std::lock_guard<std::mutex> lock(flight_->mu);
+  TORCH_CHECK(flight_->settled && flight_->status.ok() && flight_->source >= 0,
+              "fastgather: sourceRank() is known only once a receive from any source has completed");
+  return flight_->source;
+}
+
 void FastgatherWork::submitted() {
   std::lock_guard<std::mutex> lock(flight_->mu);
   if (flight_->requests.empty()) {

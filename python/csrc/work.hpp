@@ -29,6 +29,7 @@ struct Flight {
   std::function<void()> on_success;  // after the requests, once
   bool settled = false;
   fg::Status status;
+  int source = -1;  // a receive from any source: the group rank it came from, once complete
 
   // Under mu, every request complete: their status, then the copy-back.
   void settle();
@@ -45,6 +46,8 @@ class FastgatherWork : public c10d::Work {
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
   std::vector<at::Tensor> result() override { return result_; }
+  // A receive from any source, once complete: who sent it.
+  int sourceRank() const override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   void abort() override;
 

@@ -275,8 +275,10 @@ Status Communicator::Impl::finalize() {
   if (finalized) return Status::Ok();
   finalized = true;
   for (auto& g : groups) {
-    engine::Queue::Hold hold(impl_of(*g)->queue);
-    impl_of(*g)->queue.drain();
+    for (engine::Queue* q : impl_of(*g)->queues()) {
+      engine::Queue::Hold hold(*q);
+      q->drain();
+    }
   }
   progress->shutdown();  // the callbacks of what was drained run now
   Status broken;
@@ -474,11 +476,11 @@ Status Communicator::destroy_group(Group* group) {
   if (it == gs.end()) {
     return {ErrorKind::kInvalidArgument, fmt::format("rank {}: that group is not one of this communicator's", rank())};
   }
-  {
-    engine::Queue::Hold hold(impl_of(**it)->queue);
-    impl_of(**it)->queue.drain();  // what was started on it completes first
+  for (engine::Queue* q : impl_of(**it)->queues()) {
+    engine::Queue::Hold hold(*q);
+    q->drain();  // what was started on it completes first
   }
-  impl_->progress->forget(&impl_of(**it)->queue);
+  for (engine::Queue* q : impl_of(**it)->queues()) impl_->progress->forget(q);
   for (auto& slot : impl_->channels) {
     if (slot.load() == impl_of(**it)->channel.get()) slot.store(nullptr);
   }
@@ -497,7 +499,9 @@ bool Communicator::Impl::progress_others() {
   if (!lock.owns_lock()) return false;
   bool pending = false;
   // The caller's own group is held by the caller: try_progress skips it.
-  for (auto& g : groups) pending |= impl_of(*g)->queue.try_progress();
+  for (auto& g : groups) {
+    for (engine::Queue* q : impl_of(*g)->queues()) pending |= q->try_progress();
+  }
   return pending;
 }
 
@@ -619,6 +623,8 @@ class GroupBuilder {
     impl->aborted = &c_.aborted;
     impl->channel = std::make_unique<transport::ShmChannel>(std::move(seg_).value(), local_, local_me_, ring_, label_);
     if (Status s = impl->channel->check_format(); !s.ok()) return fail(s);
+    if (local_n_ > 1) impl->mail = std::make_unique<transport::ShmMail>(*impl->channel);
+    impl->make_queues(ranks_.size());
     if (heap_ != nullptr) {
       impl->channel->set_heap(heap_.get());
       impl->heap_owner = std::make_shared<HeapOwner>(heap_);

@@ -18,6 +18,7 @@
 #include "transport/net_channel.hpp"
 #include "transport/net_steps.hpp"
 #include "transport/shm_channel.hpp"
+#include "transport/shm_mail.hpp"
 
 namespace fastgather {
 
@@ -59,6 +60,27 @@ struct Group::Impl {
   const std::atomic<int>* aborted = nullptr;  // the communicator's flag
   // Started operations, oldest first (engine/driver.hpp).
   engine::Queue queue;
+  // Point-to-point (ops/p2p.cpp): the mailboxes among the members on this
+  // server (null: none), and the sends to each member, the receives from
+  // each, and the receives from any source, each in an order of their own,
+  // beside the collectives: a send waits for no collective, nor for a
+  // receive from its own peer (batch_isend_irecv's pairs), nor they for it.
+  std::unique_ptr<transport::ShmMail> mail;
+  std::vector<std::unique_ptr<engine::Queue>> sends, receives;
+  engine::Queue any_receives;
+  // Every queue of the group, the collectives' first (made with the group:
+  // the wait loops of other groups walk it).
+  std::vector<engine::Queue*> all_queues;
+  const std::vector<engine::Queue*>& queues() const { return all_queues; }
+  void make_queues(size_t members) {
+    all_queues = {&queue, &any_receives};
+    for (size_t m = 0; m < members; ++m) {
+      sends.push_back(std::make_unique<engine::Queue>());
+      receives.push_back(std::make_unique<engine::Queue>());
+      all_queues.push_back(sends.back().get());
+      all_queues.push_back(receives.back().get());
+    }
+  }
   // The communicator's progress thread and completion threads (engine/progress.hpp).
   std::shared_ptr<engine::Progress> progress;
   // A hand for the communicator's other groups while this one waits.

@@ -3,6 +3,7 @@
 // handles; when the awaited thing is already there, nothing suspends.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "transport/channel.hpp"
 #include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
+#include "transport/shm_mail.hpp"
 
 namespace fastgather::engine {
 
@@ -152,5 +154,134 @@ class SendsDone final : public NetWait {
   bool ready() override { return net_.poll_sends(); }
 };
 inline SendsDone sends_done(transport::NetChannel& net) { return SendsDone(net); }
+
+// co_await mail_room(mail, to): a slot of this member's mailbox to `to` is
+// free for its next chunk (send), or `to` refused the mailbox (the error).
+// A wait that fails leaves the group as it is: a send is no collective.
+class MailRoom final : public Waiter {
+ public:
+  MailRoom(transport::ShmMail& mail, int to) : mail_(mail), to_(to) {}
+  bool await_ready() {
+    error = mail_.refused(mail_.channel().me(), to_);
+    return !error.ok() || mail_.room(to_);
+  }
+  Status await_resume() {
+    if (Status r = mail_.refused(mail_.channel().me(), to_); !r.ok() && error.ok()) return r;
+    return error;
+  }
+
+  bool ready() override { return mail_.room(to_) || !mail_.refused(mail_.channel().me(), to_).ok(); }
+  Status check() override { return mail_.channel().check(to_); }
+  Status timed_out(std::chrono::milliseconds t) override {
+    const auto& ch = mail_.channel();
+    const int who = ch.world_rank(to_);
+    return {ErrorKind::kTimeout,
+            fmt::format("{}: rank {} timed out after {} ms sending to rank {}, which took none of the message "
+                        "(no recv of it there?)",
+                        ch.label(), ch.world_rank(ch.me()), t.count(), who),
+            who};
+  }
+  Status fail(const Status& why) override { return why; }
+  void sleep(std::chrono::nanoseconds slice) override {
+    mail_.channel().sleep_until(to_, [this] { return ready(); }, slice);
+  }
+  bool comes_from_cpu(int cpu) override { return mail_.channel().member_cpu(to_) == cpu; }
+
+ private:
+  transport::ShmMail& mail_;
+  int to_;
+};
+inline MailRoom mail_room(transport::ShmMail& mail, int to) { return {mail, to}; }
+
+// co_await mail_arrival(mail, from, tag, &from): the next chunk from member
+// `from` is there (its header: ShmMail::peek), with this receive owning
+// `from`'s mailbox (ShmMail::claim; *claimed says so, for the caller to
+// release). With from = -1 (any source), the first member whose next chunk
+// starts a message with `tag` and whose mailbox no other receive owns;
+// *chosen says which.
+class MailArrival final : public Waiter {
+ public:
+  MailArrival(transport::ShmMail& mail, int from, int64_t tag, bool* claimed, int* chosen)
+      : mail_(mail), from_(from), tag_(tag), claimed_(claimed), chosen_(chosen) {}
+  bool await_ready() { return ready(); }
+  Status await_resume() { return error; }
+
+  bool ready() override {
+    if (from_ >= 0) {
+      if (!*claimed_) *claimed_ = mail_.claim(from_);
+      if (!*claimed_) return false;
+      *chosen_ = from_;
+      return mail_.peek(from_) != nullptr;
+    }
+    const int n = mail_.channel().members();
+    const int me = mail_.channel().me();
+    for (int i = 1; i < n; ++i) {
+      const int m = (me + i) % n;
+      const transport::ChunkHeader* h = mail_.peek(m);
+      if (h == nullptr || h->offset != 0 || h->tag != tag_ || !mail_.claim(m)) continue;
+      if (mail_.peek(m) == nullptr) {  // cannot be: only the owner takes
+        mail_.release(m);
+        continue;
+      }
+      from_ = m;
+      *claimed_ = true;
+      *chosen_ = m;
+      return true;
+    }
+    return false;
+  }
+  // A member that sent its messages and left is no error while another
+  // may still send one: from any source, only once every peer is gone.
+  Status check() override {
+    auto& ch = mail_.channel();
+    if (from_ >= 0) return ch.check(from_);
+    Status first;
+    for (int m = 0; m < ch.members(); ++m) {
+      if (m == ch.me()) continue;
+      Status s = ch.check(m);
+      if (s.ok()) return s;
+      if (first.ok()) first = std::move(s);
+    }
+    return first;
+  }
+  Status timed_out(std::chrono::milliseconds t) override {
+    const auto& ch = mail_.channel();
+    const int me = ch.world_rank(ch.me());
+    if (from_ < 0) {
+      return {ErrorKind::kTimeout, fmt::format("{}: rank {} timed out after {} ms receiving from any rank (tag {}): "
+                                               "nobody sent it a message",
+                                               ch.label(), me, t.count(), tag_)};
+    }
+    const int who = ch.world_rank(from_);
+    return {ErrorKind::kTimeout,
+            fmt::format("{}: rank {} timed out after {} ms receiving from rank {} (tag {}): the message did not come",
+                        ch.label(), me, t.count(), who, tag_),
+            who};
+  }
+  Status fail(const Status& why) override { return why; }
+  void sleep(std::chrono::nanoseconds slice) override {
+    auto& ch = mail_.channel();
+    if (from_ >= 0) {
+      ch.sleep_until(from_, [this] { return ready(); }, slice);
+      return;
+    }
+    // Any source: one futex at a time, in short slices, each member in turn.
+    next_ = (next_ + 1) % ch.members();
+    if (next_ == ch.me()) next_ = (next_ + 1) % ch.members();
+    ch.sleep_until(next_, [this] { return ready(); }, std::min<std::chrono::nanoseconds>(slice, std::chrono::microseconds(200)));
+  }
+  bool comes_from_cpu(int cpu) override { return from_ >= 0 && mail_.channel().member_cpu(from_) == cpu; }
+
+ private:
+  transport::ShmMail& mail_;
+  int from_;
+  int64_t tag_;
+  bool* claimed_;
+  int* chosen_;
+  int next_ = 0;
+};
+inline MailArrival mail_arrival(transport::ShmMail& mail, int from, int64_t tag, bool* claimed, int* chosen) {
+  return {mail, from, tag, claimed, chosen};
+}
 
 }  // namespace fastgather::engine

@@ -31,25 +31,40 @@ struct RequestAccess {
   static bool is_aborted(const Group::Impl& gi) {
     return gi.aborted != nullptr && gi.aborted->load(std::memory_order_acquire) != 0;
   }
-  static Request start(Group& g, engine::Task<Status> op) {
+  // On `queue` (the group's collectives' unless given: point-to-point runs
+  // on queues of its own, Group::Impl::sends and receives).
+  static Request start(Group& g, engine::Task<Status> op, engine::Queue* queue = nullptr) {
     Group::Impl& gi = *impl_of(g);
+    engine::Queue& q = queue != nullptr ? *queue : gi.queue;
     if (is_aborted(gi)) op = fail_with(aborted(g));
     auto state = std::make_shared<Request::State>();
     state->driver = std::make_shared<engine::Driver>(std::move(op), gi.drive_options());
-    state->queue = &gi.queue;
+    state->queue = &q;
     state->progress = gi.progress;
-    engine::Queue::Hold hold(gi.queue);
-    gi.queue.push(state->driver);
+    engine::Queue::Hold hold(q);
+    q.push(state->driver);
     return Request(std::move(state));
   }
-  static Status run(Group& g, engine::Task<Status> op) {
+  // A request that failed before it was queued (its arguments): complete,
+  // with `why`.
+  static Request failed(Group& g, Status why) {
     Group::Impl& gi = *impl_of(g);
+    auto state = std::make_shared<Request::State>();
+    state->driver = std::make_shared<engine::Driver>(fail_with(std::move(why)), gi.drive_options());
+    state->driver->start();  // to its end: it waits for nothing
+    state->queue = &gi.queue;
+    state->progress = gi.progress;
+    return Request(std::move(state));
+  }
+  static Status run(Group& g, engine::Task<Status> op, engine::Queue* queue = nullptr) {
+    Group::Impl& gi = *impl_of(g);
+    engine::Queue& q = queue != nullptr ? *queue : gi.queue;
     if (is_aborted(gi)) return aborted(g);
     {
-      engine::Queue::Hold hold(gi.queue);
-      if (gi.queue.empty()) return engine::Driver::run(std::move(op), gi.drive_options());
+      engine::Queue::Hold hold(q);
+      if (q.empty()) return engine::Driver::run(std::move(op), gi.drive_options());
     }
-    return start(g, std::move(op)).wait();
+    return start(g, std::move(op), &q).wait();
   }
 };
 

@@ -1,6 +1,7 @@
 #include "transport/shm_channel.hpp"
 
 #include "base/env.hpp"
+#include "transport/shm_mail.hpp"
 
 #include <linux/futex.h>
 #include <poll.h>
@@ -38,6 +39,11 @@ size_t data_offset(int members) {
   return (ctl_end + 4095) & ~size_t{4095};
 }
 
+// The mailboxes (shm_mail.hpp) follow the rings, on a page of their own.
+size_t mail_offset(int members, size_t ring_bytes) {
+  return (data_offset(members) + static_cast<size_t>(members) * ring_bytes + 4095) & ~size_t{4095};
+}
+
 int futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
   timespec ts{static_cast<time_t>(timeout.count() / 1'000'000'000), static_cast<long>(timeout.count() % 1'000'000'000)};
   // Shared (not FUTEX_PRIVATE): the word lives in memory mapped by several processes.
@@ -51,7 +57,7 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
 }  // namespace
 
 size_t ShmChannel::segment_bytes(int members, size_t ring_bytes) {
-  return data_offset(members) + static_cast<size_t>(members) * ring_bytes;
+  return mail_offset(members, ring_bytes) + ShmMail::bytes(members);
 }
 
 size_t ShmChannel::pipeline_bytes_for(size_t ring_bytes, size_t wanted) {
@@ -64,6 +70,7 @@ void ShmChannel::format(std::byte* base, int members, size_t ring_bytes, size_t 
   for (int m = 0; m < members; ++m) {
     new (base + kCtlOffset + sizeof(MemberCtl) * static_cast<size_t>(m)) MemberCtl();
   }
+  ShmMail::format(base + mail_offset(members, ring_bytes), members);
   h->members = static_cast<uint32_t>(members);
   h->ring_bytes = ring_bytes;
   h->pipeline_bytes = static_cast<uint32_t>(pipeline_bytes_for(ring_bytes, pipeline_bytes));
@@ -81,6 +88,7 @@ ShmChannel::ShmChannel(ShmSegment segment, std::vector<int> world_ranks, int me,
       label_(std::move(label)) {
   ctl_ = reinterpret_cast<MemberCtl*>(segment_.data() + kCtlOffset);
   data_ = segment_.data() + data_offset(members_);
+  mail_ = segment_.data() + mail_offset(members_, ring_bytes_);
   pipeline_bytes_ = reinterpret_cast<const SegmentHeader*>(segment_.data())->pipeline_bytes;  // checked by check_format()
   pidfds_.assign(static_cast<size_t>(members_), -1);
   pids_.assign(static_cast<size_t>(members_), 0);
@@ -134,13 +142,17 @@ void ShmChannel::post(uint64_t step, const PostHeader& header, const void* inlin
   line.header = header;
   if (inline_len != 0) std::memcpy(line.inline_data, inline_data, inline_len);
   line.step.store(step, std::memory_order_release);
+  if (const int cpu = ::sched_getcpu(); cpu != published_cpu_) {
+    published_cpu_ = cpu;
+    ctl(me_).wake.cpu.store(cpu, std::memory_order_relaxed);
+  }
+  wake();
+}
+
+void ShmChannel::wake() {
   // Dekker with sleep(): either we see its sleepers count or it sees our step.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   MemberLine& w = ctl(me_).wake;
-  if (const int cpu = ::sched_getcpu(); cpu != published_cpu_) {
-    published_cpu_ = cpu;
-    w.cpu.store(cpu, std::memory_order_relaxed);
-  }
   if (w.sleepers.load(std::memory_order_relaxed) != 0) {
     w.futex_word.fetch_add(1, std::memory_order_release);
     futex_wake_all(&w.futex_word);
@@ -174,6 +186,15 @@ void ShmChannel::sleep(int member, uint64_t step, std::chrono::nanoseconds slice
   // Dekker with post(): either it sees our sleepers count or we see its step.
   w.sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (!arrived(member, step) && w.aborted.load(std::memory_order_acquire) == 0) futex_wait(&w.futex_word, seen, slice);
+  w.sleepers.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ShmChannel::sleep_until(int member, const std::function<bool()>& ready, std::chrono::nanoseconds slice) {
+  MemberLine& w = ctl(member).wake;
+  const uint32_t seen = w.futex_word.load(std::memory_order_acquire);
+  // Dekker with wake(): either it sees our sleepers count or we see what it did.
+  w.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (!ready() && w.aborted.load(std::memory_order_acquire) == 0) futex_wait(&w.futex_word, seen, slice);
   w.sleepers.fetch_sub(1, std::memory_order_relaxed);
 }
 

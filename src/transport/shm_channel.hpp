@@ -24,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -163,6 +164,15 @@ class ShmChannel final : public Channel {
     const PostLine& l = line(member, step);
     return (inline_data ? reinterpret_cast<const std::byte*>(l.inline_data) : member_data(member, l.header)) + mine;
   }
+  // Where the members' mailboxes lie (shm_mail.hpp), after the rings.
+  std::byte* mail_area() const { return mail_; }
+  // Wakes the peers asleep on this member's futex word: after a post, or
+  // anything else they may wait for (a mailbox's chunk or freed slot).
+  void wake();
+  // Sleeps on `member`'s futex word until ready() (checked after this
+  // member counts as a sleeper), member aborts, or `slice` passes.
+  void sleep_until(int member, const std::function<bool()>& ready, std::chrono::nanoseconds slice);
+
   // Whether `member` is still there: an error once it died or aborted.
   Status check(int member) override;
   // The words for a wait on `member`'s `step` that outlasted `timeout`.
@@ -193,6 +203,7 @@ class ShmChannel final : public Channel {
   std::string label_;
   MemberCtl* ctl_ = nullptr;
   std::byte* data_ = nullptr;
+  std::byte* mail_ = nullptr;
   const ShmHeap* heap_ = nullptr;
   uint64_t step_ = 0;
   int published_cpu_ = -1;

@@ -153,3 +153,12 @@ def test_torch_compile_fullgraph_of_the_fused_op():
 @pytest.mark.parametrize("world", [1, 2])
 def test_none_wrong_types_foreign_and_destroyed_groups_raise(world):
     run_ranks(world, "bad_objects")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_send_recv_any_source_batch_and_objects_match_expected_and_gloo(world):
+    run_ranks(world, "point_to_point", timeout=180)
+
+
+def test_pipelining_gpipe_two_stages_matches_gloo():
+    run_ranks(2, "pipelining", timeout=120)

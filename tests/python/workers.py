@@ -510,14 +510,12 @@ def errors(rank, world):
     outs = [torch.empty(3) for _ in range(world)]
     dist.all_gather(outs, x, group=fg)
     check([o[0].item() for o in outs] == [float(r) for r in range(world)], "group unusable after a mismatch")
-    # Every other op names itself and the way out.
-    for name, call in [("send", lambda: dist.send(torch.zeros(2), dst=(rank + 1) % world, group=fg)),
-                       ("recv", lambda: dist.recv(torch.zeros(2), src=(rank + 1) % world, group=fg))]:
-        try:
-            call()
-            raise AssertionError(f"{name} did not raise")
-        except NotImplementedError as e:  # a RuntimeError
-            check(name in str(e) and "gloo" in str(e) and "new_group" in str(e), f"{name}: {e}")
+    # A tensor it does not serve (sparse) is named, on the rank that passed it.
+    try:
+        dist.all_reduce(torch.zeros(4, 2).to_sparse(), group=fg)
+        raise AssertionError("a sparse all_reduce did not raise")
+    except ValueError as e:
+        check("all_reduce" in str(e) and "sparse" in str(e), f"sparse: {e}")
     # Wrong local arguments are refused before any communication, on the rank that passed them.
     try:
         dist.all_gather_into_tensor(torch.empty(world * 4 + 1), torch.zeros(4), group=fg)
@@ -1094,6 +1092,109 @@ def powersgd(rank, world):
             ddp(torch.randn(16, 64, generator=g)).square().mean().backward()
             opt.step()
         return [p.detach().clone() for p in model.parameters()]
+
+    same_as_gloo(world, train)
+
+
+def point_to_point(rank, world):
+    """send/recv (blocking, every dtype, empty to several mailboxes' worth, a non-contiguous
+    receiver), tags, a ring of isend/irecv through batch_isend_irecv, a receive from any source,
+    send/recv_object_list: the bytes every rank can compute, and gloo's alike. Then a receive of the
+    wrong size: ValueError on the receiver, and on the sender's next send that way; the group goes on."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    gl = dist.new_group(list(range(world)), backend="gloo")
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    for dtype in DTYPES + [torch.complex64]:
+        for count in (0, 5, 40001):
+            for group in (fg, gl):
+                if dtype == torch.complex64 and group is gl:
+                    continue
+                x = pattern(rank, dtype, (count,), salt=count)
+                want = pattern(prev, dtype, (count,), salt=count)
+                got = torch.zeros(count, dtype=dtype)
+                if rank % 2 == 0:
+                    dist.send(x, dst=nxt, group=group)
+                    dist.recv(got, src=prev, group=group)
+                else:
+                    dist.recv(got, src=prev, group=group)
+                    dist.send(x, dst=nxt, group=group)
+                check(same_bytes(got, want), f"send/recv of {count} {dtype} from rank {prev}")
+    # A non-contiguous receiver, and a tag.
+    got = torch.zeros(64, 48).t()
+    x = pattern(rank, torch.float32, (48, 64), salt=7)
+    ops = [dist.P2POp(dist.isend, x, nxt, group=fg, tag=7), dist.P2POp(dist.irecv, got, prev, group=fg, tag=7)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    check(torch.equal(got, pattern(prev, torch.float32, (48, 64), salt=7)), "batch_isend_irecv into a transposed view")
+    # Any source: rank 0 receives one message from every other rank.
+    if rank == 0:
+        seen = set()
+        for _ in range(world - 1):
+            t = torch.zeros(1000)
+            src = dist.recv(t, group=fg, tag=2)
+            check(torch.equal(t, pattern(src, torch.float32, (1000,), salt=2)), f"the message said to be from {src}")
+            seen.add(src)
+        check(seen == set(range(1, world)), f"sources {sorted(seen)}")
+    else:
+        dist.send(pattern(rank, torch.float32, (1000,), salt=2), dst=0, group=fg, tag=2)
+    # Objects.
+    if rank == 0:
+        dist.send_object_list([{"from": 0, "data": list(range(300))}, "x" * 70000], dst=1, group=fg)
+    elif rank == 1:
+        objs = [None, None]
+        dist.recv_object_list(objs, src=0, group=fg)
+        check(objs == [{"from": 0, "data": list(range(300))}, "x" * 70000], f"objects: {str(objs)[:80]}")
+    # A receive of the wrong size.
+    if rank == 0:
+        dist.send(torch.zeros(10), dst=1, group=fg)
+    elif rank == 1:
+        try:
+            dist.recv(torch.zeros(20), src=0, group=fg)
+            raise AssertionError("a receive of the wrong size did not raise")
+        except ValueError as e:
+            check("sent 40 bytes" in str(e) and "receives 80 bytes" in str(e), str(e))
+    dist.barrier(group=fg)
+    if rank == 0:
+        try:
+            dist.send(torch.zeros(10), dst=1, group=fg)
+            raise AssertionError("the sender's next send did not raise")
+        except ValueError as e:
+            check("sent 40 bytes" in str(e) and "receives 80 bytes" in str(e), str(e))
+    for bad in (world, -1, rank):
+        try:
+            dist.send(torch.zeros(2), dst=bad, group=fg)
+            raise AssertionError(f"a send to {bad} did not raise")
+        except (ValueError, RuntimeError) as e:
+            pass
+    dist.barrier(group=fg)
+
+
+def pipelining(rank, world):
+    """torch.distributed.pipelining: a 2-stage GPipe schedule of a small MLP over 4 micro-batches,
+    3 steps with SGD, on fastgather and on gloo: the same parameters and losses, bit for bit."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    def train(group):
+        torch.manual_seed(0)
+        full = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                   torch.nn.Linear(64, 8))
+        part = full[:2] if rank == 0 else full[2:]
+        stage = PipelineStage(part, rank, world, torch.device("cpu"), group=group)
+        schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda out, y: (out - y).square().mean())
+        opt = torch.optim.SGD(part.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(5)
+        losses_all = []
+        for _ in range(3):
+            x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+            opt.zero_grad()
+            if rank == 0:
+                schedule.step(x)
+            else:
+                losses = []
+                schedule.step(target=y, losses=losses)
+                losses_all += [l.detach() for l in losses]
+            opt.step()
+        return [p.detach().clone() for p in part.parameters()] + losses_all
 
     same_as_gloo(world, train)
 

@@ -1,0 +1,158 @@
+// Point-to-point: send and receive between two members of a group, through
+// their mailbox (transport/shm_mail.hpp) when both are on this server. Each
+// runs on a queue of its own (the sends to one member, the receives from
+// one member, the receives from any source: Group::Impl), never behind a
+// collective or a transfer the other way, so that exchanges in any order
+// (batch_isend_irecv, a ring of isend/irecv) complete; messages from one
+// member to another are taken in the order they were sent.
+//
+// A send is done once every chunk is in the mailbox (its buffer may be
+// reused; the receiver may not have taken it yet); a message larger than the
+// mailbox waits for the receiver to empty it. A receive checks each chunk's
+// header (which message, where in it, how long) and refuses a message of
+// another length or tag: both sides then fail with the same words.
+#include <algorithm>
+#include <cstring>
+
+#include "core/group_impl.hpp"
+#include "engine/waits.hpp"
+#include "fastgather/ops.hpp"
+#include "ops/request.hpp"
+#include "ops/validate.hpp"
+
+namespace fastgather {
+
+namespace {
+
+using transport::ShmMail;
+
+// The channel member index of group rank `peer` (on this server), or why not.
+Result<int> member_of(Group& group, const char* op, int peer) {
+  const Group::Impl& gi = *impl_of(group);
+  const int world = gi.ranks[static_cast<size_t>(peer)];
+  for (int m = 0; gi.mail != nullptr && m < gi.channel->members(); ++m) {
+    if (gi.channel->world_rank(m) == world) return m;
+  }
+  return Status{ErrorKind::kUnsupported,
+                fmt::format("{} on {} (rank {}): rank {} is on another server; send and recv between servers are not "
+                            "served yet (only between ranks of one server)",
+                            op, group.describe(), gi.ranks[static_cast<size_t>(gi.me)], world)};
+}
+
+// The checks every send and receive makes before it is queued: a peer in
+// the group and not this rank (kAnySource for a receive), a buffer.
+Status check(Group& group, const char* op, const TensorView& data, int peer, bool any_allowed) {
+  if (Status s = ops::need_data(group, op, "tensor", data); !s.ok()) return s;
+  if (any_allowed && peer == kAnySource) {
+    const Group::Impl& gi = *impl_of(group);
+    if (gi.mail != nullptr && gi.net == nullptr) return Status::Ok();
+    return {ErrorKind::kUnsupported,
+            fmt::format("{} on {} (rank {}): a receive from any source is served only in a group whose ranks are all on "
+                        "this server (of {} ranks, {} are here)",
+                        op, group.describe(), gi.ranks[static_cast<size_t>(gi.me)], group.size(), gi.channel->members())};
+  }
+  if (peer < 0 || peer >= group.size()) {
+    return ops::invalid(group, op, fmt::format("peer {} is not a rank of the group (0 to {})", peer, group.size() - 1));
+  }
+  if (peer == group.rank()) return ops::invalid(group, op, fmt::format("peer {} is this rank itself", peer));
+  return member_of(group, op, peer).status();
+}
+
+engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int64_t tag) {
+  Group::Impl& gi = *impl_of(group);
+  ShmMail& mail = *gi.mail;
+  const int to = member_of(group, "send", peer).value();
+  if (Status r = mail.refused(gi.channel->me(), to); !r.ok()) co_return r;
+  const auto* src = static_cast<const std::byte*>(data.data);
+  const size_t total = data.nbytes();
+  const uint64_t message = mail.next_message(to);
+  size_t off = 0;
+  do {
+    if (Status s = co_await engine::mail_room(mail, to); !s.ok()) co_return s;
+    const size_t len = std::min(ShmMail::kChunk, total - off);
+    mail.put(to, message, tag, total, off, src + off, len);
+    off += len;
+  } while (off < total);
+  co_return Status::Ok();
+}
+
+// Lets go of the mailbox a receive owned, however it ends.
+struct Owned {
+  ShmMail& mail;
+  bool claimed = false;
+  int from = -1;
+  ~Owned() {
+    if (claimed) mail.release(from);
+  }
+};
+
+engine::Task<Status> recv_op(Group& group, const TensorView& data, int peer, int64_t tag, int* source) {
+  Group::Impl& gi = *impl_of(group);
+  ShmMail& mail = *gi.mail;
+  const int me = gi.channel->me();
+  const int named = peer == kAnySource ? -1 : member_of(group, "recv", peer).value();
+  if (named >= 0) {
+    if (Status r = mail.refused(named, me); !r.ok()) co_return r;
+  }
+  auto* dst = static_cast<std::byte*>(data.data);
+  const size_t total = data.nbytes();
+  Owned own{mail};
+  uint64_t message = 0;
+  size_t off = 0;
+  do {
+    if (Status s = co_await engine::mail_arrival(mail, off == 0 ? named : own.from, tag, &own.claimed, &own.from);
+        !s.ok()) {
+      co_return s;
+    }
+    const transport::ChunkHeader h = *mail.peek(own.from);
+    const bool first = off == 0 && message == 0;
+    if (first) {
+      message = mail.next_received(own.from);
+      if (h.message != message || h.offset != 0 || h.tag != tag || h.total != total) {
+        co_return mail.refuse(own.from, total, tag);
+      }
+    } else if (h.message != message || h.offset != off || h.total != total) {
+      co_return mail.refuse(own.from, total, tag);
+    }
+    if (h.len > total - off || (h.len == 0 && total != 0) || h.len > ShmMail::kChunk) {
+      co_return mail.refuse(own.from, total, tag);
+    }
+    if (h.len != 0) std::memcpy(dst + off, mail.chunk(own.from), h.len);
+    off += h.len;
+    mail.take(own.from);
+  } while (off < total);
+  if (source != nullptr) {
+    const int world = gi.channel->world_rank(own.from);
+    *source = static_cast<int>(std::find(gi.ranks.begin(), gi.ranks.end(), world) - gi.ranks.begin());
+  }
+  co_return Status::Ok();
+}
+
+engine::Queue& send_queue(Group& g, int peer) { return *impl_of(g)->sends[static_cast<size_t>(peer)]; }
+engine::Queue& recv_queue(Group& g, int peer) {
+  return peer == kAnySource ? impl_of(g)->any_receives : *impl_of(g)->receives[static_cast<size_t>(peer)];
+}
+
+}  // namespace
+
+Request start_send(Group& group, const TensorView& data, int peer, int64_t tag) {
+  if (Status s = check(group, "send", data, peer, false); !s.ok()) return RequestAccess::failed(group, std::move(s));
+  return RequestAccess::start(group, ops::owning<send_op>(group, data, peer, tag), &send_queue(group, peer));
+}
+
+Status send(Group& group, const TensorView& data, int peer, int64_t tag) {
+  if (Status s = check(group, "send", data, peer, false); !s.ok()) return s;
+  return RequestAccess::run(group, send_op(group, data, peer, tag), &send_queue(group, peer));
+}
+
+Request start_recv(Group& group, const TensorView& data, int peer, int64_t tag, int* source) {
+  if (Status s = check(group, "recv", data, peer, true); !s.ok()) return RequestAccess::failed(group, std::move(s));
+  return RequestAccess::start(group, ops::owning<recv_op>(group, data, peer, tag, source), &recv_queue(group, peer));
+}
+
+Status recv(Group& group, const TensorView& data, int peer, int64_t tag, int* source) {
+  if (Status s = check(group, "recv", data, peer, true); !s.ok()) return s;
+  return RequestAccess::run(group, recv_op(group, data, peer, tag, source), &recv_queue(group, peer));
+}
+
+}  // namespace fastgather

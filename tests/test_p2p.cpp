@@ -1,0 +1,283 @@
+// Point-to-point (send, recv, recv from any source) between ranks of one
+// server: every byte checked, from empty messages to many mailboxes' worth,
+// ranks outnumbering cores; exchanges in the orders that deadlock a single
+// queue (a ring of isend/irecv waited send first, a receive started before a
+// collective its sender runs first); any source; a length or tag that
+// disagrees is found on both sides and the group goes on; a receive with no
+// sender ends in the timeout; bad arguments are refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "fastgather/fastgather.hpp"
+#include "harness.hpp"
+
+using namespace fastgather;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Byte i of message `it` from group rank `from` to group rank `to`.
+uint8_t byte_of(int from, int to, size_t i, uint64_t it) {
+  uint64_t x = (static_cast<uint64_t>(from + 1) << 48) ^ (static_cast<uint64_t>(to + 1) << 32) ^ i ^ (it << 56);
+  x *= 0x9E3779B97F4A7C15ull;
+  return static_cast<uint8_t>(x >> 56);
+}
+
+std::vector<uint8_t> message(int from, int to, size_t bytes, uint64_t it) {
+  std::vector<uint8_t> m(bytes);
+  for (size_t i = 0; i < bytes; ++i) m[i] = byte_of(from, to, i, it);
+  return m;
+}
+
+long long wrong(const std::vector<uint8_t>& got, int from, int to, uint64_t it) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != byte_of(from, to, i, it)) return static_cast<long long>(i);
+  }
+  return -1;
+}
+
+TensorView view(std::vector<uint8_t>& v) { return {v.data(), DType::kU8, {static_cast<int64_t>(v.size())}}; }
+
+// Empty, one byte, around a chunk (16 KiB), more than a whole mailbox (64 KiB).
+const std::vector<size_t> kSizes = {0, 1, 16383, 16384, 16385, 200001, 1 << 20};
+
+class Ring : public ::testing::TestWithParam<int> {};
+
+// Each rank sends to the next and receives from the one before, all at
+// once, then waits for its send first: a send larger than the mailbox
+// completes only while the receive beside it is driven too.
+TEST_P(Ring, EveryByteWaitingForTheSendFirst) {
+  fgtest::JobOptions o;
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int n = g.size(), me = g.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    uint64_t it = 0;
+    for (int round = 0; round < 2; ++round) {
+      for (size_t bytes : kSizes) {
+        ++it;
+        std::vector<uint8_t> out = message(me, next, bytes, it), in(bytes, 0xEE);
+        Request s = start_send(g, view(out), next, 5);
+        Request r = start_recv(g, view(in), prev, 5);
+        if (round == 0) {
+          RANK_OK(s.wait());
+          RANK_OK(r.wait());
+        } else {
+          RANK_OK(r.wait());
+          RANK_OK(s.wait());
+        }
+        const long long bad = wrong(in, prev, me, it);
+        RANK_CHECK(bad < 0, "{} bytes from rank {}: byte {} is wrong", bytes, prev, bad);
+      }
+    }
+    return "";
+  }, o));
+}
+
+INSTANTIATE_TEST_SUITE_P(PointToPoint, Ring, ::testing::Values(2, 3, 5));
+
+// Many messages each way between two ranks, in flight together, taken in
+// the order they were sent.
+TEST(PointToPoint, ManyInFlightBothWaysArriveInOrder) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int me = g.rank(), peer = 1 - me;
+    constexpr int kMessages = 24;
+    std::vector<std::vector<uint8_t>> out, in;
+    std::vector<Request> reqs;
+    for (int k = 0; k < kMessages; ++k) {
+      const size_t bytes = static_cast<size_t>(k) * 7919 % 90001;
+      out.push_back(message(me, peer, bytes, static_cast<uint64_t>(k)));
+      in.emplace_back(bytes, 0xEE);
+    }
+    for (int k = 0; k < kMessages; ++k) {
+      reqs.push_back(start_send(g, view(out[k]), peer, 0));
+      reqs.push_back(start_recv(g, view(in[k]), peer, 0));
+    }
+    for (auto& r : reqs) RANK_OK(r.wait());
+    for (int k = 0; k < kMessages; ++k) {
+      const long long bad = wrong(in[k], peer, me, static_cast<uint64_t>(k));
+      RANK_CHECK(bad < 0, "message {}: byte {} is wrong", k, bad);
+    }
+    return "";
+  }));
+}
+
+// A receive started before a collective that its sender runs first: on the
+// collectives' queue it would wait for that collective, which waits for
+// this rank; beside it, both complete.
+TEST(PointToPoint, AReceiveDoesNotHoldUpTheCollectivesAfterIt) {
+  fgtest::JobOptions o;
+  o.timeout = 5s;
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> msg(300000), gin(64, static_cast<uint8_t>(g.rank())), gout(128);
+    if (g.rank() == 0) {
+      Request r = start_recv(g, view(msg), 1, 3);
+      RANK_OK(all_gather(g, view(gin), view(gout)));
+      RANK_OK(r.wait());
+      RANK_CHECK(wrong(msg, 1, 0, 9) < 0, "the message");
+    } else {
+      RANK_OK(all_gather(g, view(gin), view(gout)));
+      msg = message(1, 0, msg.size(), 9);
+      RANK_OK(send(g, view(msg), 0, 3));
+    }
+    RANK_CHECK(gout[0] == 0 && gout[64] == 1, "the all-gather");
+    return "";
+  }, o));
+}
+
+// Three senders, one receiver from any source: each message taken once,
+// its source said, its bytes right, although two of the senders have left
+// before the third sends.
+TEST(PointToPoint, AnySourceTakesEachMessageOnceAndSaysWhoSentIt) {
+  fgtest::expect_all_ok(fgtest::run_job(4, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    constexpr size_t kBytes = 40000;
+    if (g.rank() != 0) {
+      // Rank 3 sends well after ranks 1 and 2 have sent and left: a sender
+      // gone is no error while another may still send.
+      if (g.rank() == 3) std::this_thread::sleep_for(300ms);
+      std::vector<uint8_t> out = message(g.rank(), 0, kBytes, 1);
+      RANK_OK(send(g, view(out), 0, 11));
+      return "";
+    }
+    std::vector<int> sources;
+    for (int k = 0; k < 3; ++k) {
+      std::vector<uint8_t> in(kBytes);
+      int source = -7;
+      RANK_OK(recv(g, view(in), kAnySource, 11, &source));
+      RANK_CHECK(source >= 1 && source <= 3, "source {}", source);
+      RANK_CHECK(wrong(in, source, 0, 1) < 0, "the message said to be from rank {}", source);
+      sources.push_back(source);
+    }
+    std::sort(sources.begin(), sources.end());
+    RANK_CHECK((sources == std::vector<int>{1, 2, 3}), "sources {}", fmt::join(sources, ","));
+    return "";
+  }));
+}
+
+// A receive of another length, then of another tag: refused on the
+// receiving side at once, and the sender's next send that way fails with
+// the same words; the collectives go on.
+TEST(PointToPoint, ALengthOrTagThatDisagreesIsFoundOnBothSides) {
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> a(100, 1), b(200), one(8), all(24);
+    const std::string words = "sent 100 bytes with tag 1 to rank 1, which receives 200 bytes with tag 1";
+    const std::string tag_words = "sent 100 bytes with tag 4 to rank 2, which receives 100 bytes with tag 5";
+    if (g.rank() == 0) {
+      RANK_OK(send(g, view(a), 1, 1));  // out before the receiver looks
+      RANK_OK(send(g, view(a), 2, 4));
+    } else if (g.rank() == 1) {
+      Status s = recv(g, view(b), 0, 1);
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find(words) != std::string::npos, "receiver: {}",
+                 s.to_string());
+    } else {
+      std::vector<uint8_t> c100(100);
+      Status s = recv(g, view(c100), 0, 5);
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find(tag_words) != std::string::npos, "tag: {}",
+                 s.to_string());
+    }
+    RANK_OK(all_gather(g, view(one), view(all)));  // every refusal is made by now
+    if (g.rank() == 0) {
+      Status s = send(g, view(a), 1, 1);
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find(words) != std::string::npos, "sender: {}",
+                 s.to_string());
+    }
+    RANK_OK(all_gather(g, view(one), view(all)));
+    return "";
+  }));
+}
+
+// Nobody sends: the receive ends in the communicator's timeout, saying so,
+// and the group goes on.
+TEST(PointToPoint, AReceiveWithNoSenderTimesOut) {
+  fgtest::JobOptions o;
+  o.timeout = 1500ms;
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> in(64), one(4), all(8);
+    if (g.rank() == 0) std::this_thread::sleep_for(2s);  // its all-gather must not wait out the timeout
+    if (g.rank() == 1) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Status s = recv(g, view(in), 0, 0);
+      const auto took = std::chrono::steady_clock::now() - t0;
+      RANK_CHECK(s.kind() == ErrorKind::kTimeout && s.message().find("timed out") != std::string::npos &&
+                     s.message().find("receiving from rank 0") != std::string::npos,
+                 "{}", s.to_string());
+      RANK_CHECK(took >= 1400ms && took < 10s, "it took {} ms",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    }
+    RANK_OK(all_gather(g, view(one), view(all)));
+    return "";
+  }, o));
+}
+
+TEST(PointToPoint, BadArgumentsAreRefused) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> buf(16);
+    auto refused = [](const Status& s, const char* what) {
+      return s.kind() == ErrorKind::kInvalidArgument && s.message().find(what) != std::string::npos;
+    };
+    RANK_CHECK(refused(send(g, view(buf), 2), "not a rank of the group"), "peer 2 of 2");
+    RANK_CHECK(refused(send(g, view(buf), -1), "not a rank of the group"), "peer -1 (a send)");
+    RANK_CHECK(refused(recv(g, view(buf), -2), "not a rank of the group"), "peer -2");
+    RANK_CHECK(refused(send(g, view(buf), g.rank()), "this rank itself"), "a send to itself");
+    RANK_CHECK(refused(recv(g, view(buf), g.rank()), "this rank itself"), "a receive from itself");
+    RANK_CHECK(refused(start_send(g, TensorView(nullptr, DType::kU8, {4}), 1 - g.rank()).wait(), "null"),
+               "a null tensor holding bytes");
+    RANK_CHECK(refused(send(g, TensorView(buf.data(), DType::kU8, {-3}), 1 - g.rank()), "negative"), "a negative shape");
+    // Nothing was sent: a pair of good transfers goes through.
+    std::vector<uint8_t> out = message(g.rank(), 1 - g.rank(), buf.size(), 3);
+    Request r = start_recv(g, view(buf), 1 - g.rank());
+    RANK_OK(send(g, view(out), 1 - g.rank()));
+    RANK_OK(r.wait());
+    RANK_CHECK(wrong(buf, 1 - g.rank(), g.rank(), 3) < 0, "after the refusals");
+    return "";
+  }));
+}
+
+// Between servers it is not served yet: said, on both sides, before anything moves.
+TEST(PointToPoint, BetweenServersIsRefusedClearly) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-across";
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> buf(16);
+    Status s = g.rank() == 0 ? send(g, view(buf), 1) : recv(g, view(buf), 0);
+    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("another server") != std::string::npos, "{}",
+               s.to_string());
+    s = recv(g, view(buf), kAnySource);
+    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("any source") != std::string::npos, "{}",
+               s.to_string());
+    return "";
+  }, o));
+}
+
+}  // namespace
