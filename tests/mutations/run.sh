@@ -16,6 +16,11 @@ cmake -S "$WORK" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_R
 # FG_MUTATIONS_ONLY=REGEX runs only the mutations whose name matches (while writing one).
 # name | file | perl substitution | test binary | gtest filter (no '|' inside a field)
 MUTATIONS=(
+  "a wait does not drive the group's sends and receives beside it|src/core/communicator.cpp|s/for \(engine::Queue\* q : impl_of\(\*g\)->queues\(\)\) pending \x7c= q->try_progress\(\);/pending \x7c= impl_of(*g)->queue.try_progress();/|test_p2p|PointToPoint/Ring.EveryByteWaitingForTheSendFirst/0"
+  "receives wait in the collectives' queue|src/ops/p2p.cpp|s/return peer == kAnySource \? impl_of\(g\)->any_receives : \*impl_of\(g\)->receives\[static_cast<size_t>\(peer\)\];/return impl_of(g)->queue;/|test_p2p|PointToPoint.AReceiveDoesNotHoldUpTheCollectivesAfterIt"
+  "a receive takes a message of another length|src/ops/p2p.cpp|s/h\.tag != tag \x7c\x7c h\.total != total\) \{/h.tag != tag) {/|test_p2p|PointToPoint.ALengthOrTagThatDisagreesIsFoundOnBothSides"
+  "a receive from any source fails once any sender has left|src/engine/waits.hpp|s/      if \(s\.ok\(\)\) return s;/      if (!s.ok()) return s;/|test_p2p|PointToPoint.AnySourceTakesEachMessageOnceAndSaysWhoSentIt"
+  "a sender writes over a chunk not yet taken|src/transport/shm_mail.cpp|s/return b\.r\.taken\.load\(std::memory_order_acquire\) \+ kSlots > next;/return b.r.taken.load(std::memory_order_acquire) + kSlots + 1 > next;/|test_p2p|PointToPoint/Ring.*:PointToPoint.ManyInFlight*"
   "a post does not wake a sleeping waiter|src/transport/shm_channel.cpp|s/(if \(w\.sleepers\.load\(std::memory_order_relaxed\) != 0\) \{\n\s*w\.futex_word\.fetch_add\(1, std::memory_order_release\);\n)\s*futex_wake_all\(&w\.futex_word\);/\1/|test_shm_channel|ShmChannel.SleepingWaiterIsWokenByPost"
   "claim() always returns offset 0|src/transport/shm_channel.cpp|s/\*offset = static_cast<uint32_t>\(cursor_\);/cursor_ = 0;\n  *offset = 0;/|test_shm_channel|ShmChannel.RingClaimsWrapAndStayLineAligned"
   "the all-gather sink drops the last byte of each piece|src/ops/collectives.cpp|s/if \(dst != src\) algo::copy_out\(dst, src, len, call\.stream_out\);/if (dst != src) algo::copy_out(dst, src, len - (len > 0), call.stream_out);/|test_allgather|*WorldSizes*"
@@ -195,6 +200,7 @@ done
 # rebuilt); skipped with a word where no interpreter imports torch.
 # name | file | perl substitution | pytest node (tests/python/...)
 PY_MUTATIONS=(
+  "a receive from any source says rank 0 sent it|python/csrc/work.cpp|s/  return flight_->source;/  return 0;/|test_torch_backend.py::test_send_recv_any_source_batch_and_objects_match_expected_and_gloo[3]"
   "the library's progress thread never drives a work its owner left waiting|src/engine/progress.cpp|s/const bool drove = q->lend_a_hand\(\*op, Clock::now\(\) \+ kSlice\);/const bool drove = false;/|test_torch_backend.py::test_async_work_moves_while_python_computes"
   "a work is not handed to the library's progress thread|python/csrc/work.cpp|s/flight_->requests\.back\(\)\.drive_in_background\(\);//|test_torch_backend.py::test_async_work_moves_while_python_computes"
   "Future callbacks run on the library's progress thread|src/engine/progress.cpp|s/for \(auto& f : ready\) completions\.post\(std::move\(f\)\);/for (auto\& f : ready) f();/|test_torch_backend.py::test_future_callbacks_that_run_collectives_finish"

@@ -15,8 +15,9 @@ memory (--input private: what a torch tensor is), medians too.
 
     ... torch_bench.py --exchanges [--rounds 3]
 
-gather, scatter, all_to_all_single and reduce instead, gloo and fastgather in
-turn in every round.
+gather, scatter, all_to_all_single, reduce and a send/recv ping-pong (with a
+memcpy of the same bytes beside them) instead, gloo and fastgather in turn in
+every round.
 """
 import argparse
 import datetime
@@ -110,7 +111,16 @@ def rank_main(rank, world, port, q, backends):
     dist.destroy_process_group()
 
 
-EXCHANGES = ["gather", "scatter", "all_to_all_single", "reduce"]
+EXCHANGES = ["gather", "scatter", "all_to_all_single", "reduce", "send_recv", "memcpy"]
+
+
+def ping_pong(rank, x, y, g):
+    if rank == 0:
+        dist.send(x, dst=1, group=g)
+        dist.recv(y, src=1, group=g)
+    elif rank == 1:
+        dist.recv(y, src=0, group=g)
+        dist.send(x, dst=0, group=g)
 
 
 def rank_exchanges(rank, world, port, q, backends, rounds):
@@ -137,6 +147,12 @@ def rank_exchanges(rank, world, port, q, backends, rounds):
                     "scatter": lambda: dist.scatter(mine, parts, src=0, group=g),
                     "all_to_all_single": lambda: dist.all_to_all_single(a2a_out, a2a_in, group=g),
                     "reduce": lambda: dist.reduce(x, dst=0, group=g),
+                    # A ping-pong between ranks 0 and 1 (the others idle): two messages of
+                    # (m, 3072) fp32, one each way; the time is for both.
+                    "send_recv": lambda: ping_pong(rank, x, mine, g),
+                    # One copy of the same bytes on this rank's core, beside it: the yardstick
+                    # of issue 37 (a message within 2x of a copy).
+                    "memcpy": lambda: mine.copy_(x),
                 }
                 for op in EXCHANGES:
                     try:
@@ -191,7 +207,7 @@ def main():
     ap.add_argument("--backends", default="gloo,fastgather",
                     help="which to run (fastgather alone: its rows, e.g. to compare two builds in interleaved runs)")
     ap.add_argument("--exchanges", action="store_true",
-                    help="gather, scatter, all_to_all_single and reduce instead, the backends interleaved")
+                    help="gather, scatter, all_to_all_single, reduce and a send/recv ping-pong instead, the backends interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="--exchanges: interleaved rounds")
     a = ap.parse_args()
     ctx = multiprocessing.get_context("spawn")
