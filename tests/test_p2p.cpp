@@ -1,10 +1,11 @@
-// Point-to-point (send, recv, recv from any source) between ranks of one
-// server: every byte checked, from empty messages to many mailboxes' worth,
+// Point-to-point (send, recv, recv from any source) within a server and
+// between servers: every byte checked, from empty messages to many mailboxes' worth,
 // ranks outnumbering cores; exchanges in the orders that deadlock a single
 // queue (a ring of isend/irecv waited send first, a receive started before a
 // collective its sender runs first); any source; a length or tag that
 // disagrees is found on both sides and the group goes on; a receive with no
-// sender ends in the timeout; bad arguments are refused.
+// sender ends in the timeout; bad arguments are refused; between servers
+// (UCX), every byte, and a length that disagrees fails the group.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -260,22 +261,83 @@ TEST(PointToPoint, BadArgumentsAreRefused) {
   }));
 }
 
-// Between servers it is not served yet: said, on both sides, before anything moves.
-TEST(PointToPoint, BetweenServersIsRefusedClearly) {
+// Between servers: one UCX message each, numbered per pair and direction;
+// with two ranks a server the ring mixes mailboxes and UCX.
+class RingAcrossServers : public ::testing::TestWithParam<int> {};
+
+TEST_P(RingAcrossServers, EveryByteBothWaitingOrders) {
   fgtest::JobOptions o;
   o.servers = 2;
   o.token = "p2p-across";
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int n = g.size(), me = g.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    uint64_t it = 0;
+    for (int round = 0; round < 2; ++round) {
+      for (size_t bytes : {size_t{0}, size_t{1}, size_t{16385}, size_t{200001}, size_t{1} << 20}) {
+        ++it;
+        std::vector<uint8_t> out = message(me, next, bytes, it), in(bytes, 0xEE);
+        Request s = start_send(g, view(out), next, 9);
+        Request r = start_recv(g, view(in), prev, 9);
+        RANK_OK(round == 0 ? s.wait() : r.wait());
+        RANK_OK(round == 0 ? r.wait() : s.wait());
+        const long long bad = wrong(in, prev, me, it);
+        RANK_CHECK(bad < 0, "{} bytes from rank {}: byte {} is wrong", bytes, prev, bad);
+      }
+    }
+    // Messages arriving while a collective runs are not the collective's
+    // (nor do its waits for its own sends wait for theirs).
+    for (int k = 0; k < 3; ++k) {
+      ++it;
+      std::vector<uint8_t> out = message(me, next, 3000, it), in(3000, 0xEE);
+      std::vector<uint8_t> one(64, static_cast<uint8_t>(me + k)), all(64 * static_cast<size_t>(n));
+      Request r = start_recv(g, view(in), prev, 2);
+      Request s = start_send(g, view(out), next, 2);
+      RANK_OK(all_gather(g, view(one), view(all)));
+      for (int m = 0; m < n; ++m) {
+        RANK_CHECK(all[64 * static_cast<size_t>(m) + 63] == static_cast<uint8_t>(m + k), "the all-gather beside, rank {}", m);
+      }
+      RANK_OK(s.wait());
+      RANK_OK(r.wait());
+      RANK_CHECK(wrong(in, prev, me, it) < 0, "the message beside the all-gather");
+    }
+    // From any source is served only where every rank is on this server.
+    std::vector<uint8_t> buf(16);
+    Status s = recv(g, view(buf), kAnySource);
+    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("any source") != std::string::npos, "{}",
+               s.to_string());
+    return "";
+  }, o));
+}
+
+INSTANTIATE_TEST_SUITE_P(PointToPoint, RingAcrossServers, ::testing::Values(2, 4));
+
+// A receive of another length between servers: kMismatch on the receiver,
+// naming both sizes; the group is failed (as after any error between
+// servers), and the sender's next call there fails too rather than hang.
+TEST(PointToPoint, ALengthThatDisagreesBetweenServersFailsTheGroup) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-across-mismatch";
+  o.timeout = 5s;
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
     Group& g = (*comm)->world();
-    std::vector<uint8_t> buf(16);
-    Status s = g.rank() == 0 ? send(g, view(buf), 1) : recv(g, view(buf), 0);
-    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("another server") != std::string::npos, "{}",
-               s.to_string());
-    s = recv(g, view(buf), kAnySource);
-    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("any source") != std::string::npos, "{}",
-               s.to_string());
+    std::vector<uint8_t> a(100, 1), b(200), one(8), all(16);
+    if (g.rank() == 0) {
+      RANK_OK(send(g, view(a), 1, 1));
+    } else {
+      Status s = recv(g, view(b), 0, 1);
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find("sent 100 bytes with tag 1 to rank 1, which "
+                                                                      "receives 200 bytes with tag 1") != std::string::npos,
+                 "receiver: {}", s.to_string());
+    }
+    Status after = all_gather(g, view(one), view(all));
+    RANK_CHECK(!after.ok(), "the group went on after a mismatch between servers");
     return "";
   }, o));
 }

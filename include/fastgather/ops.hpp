@@ -225,8 +225,9 @@ Status all_to_all(Group& group, const TensorView& input, const TensorView& outpu
 // in any order complete. A send is complete once its bytes are out of
 // `data` (the receiver may not have taken them yet: small messages never
 // wait for it). A receive of another length or tag than what was sent is
-// kMismatch on both sides, and their later transfers that way fail too.
-// Between ranks of one server only, for now (kUnsupported across servers).
+// kMismatch on both sides, and their later transfers that way fail too;
+// between servers (one UCX message each) it fails the group, as any error
+// there does.
 constexpr int kAnySource = -1;
 Request start_send(Group& group, const TensorView& data, int peer, int64_t tag = 0);
 Status send(Group& group, const TensorView& data, int peer, int64_t tag = 0);

@@ -61,12 +61,16 @@ struct Group::Impl {
   // Started operations, oldest first (engine/driver.hpp).
   engine::Queue queue;
   // Point-to-point (ops/p2p.cpp): the mailboxes among the members on this
-  // server (null: none), and the sends to each member, the receives from
+  // server (null: none; members on other servers are sent messages over
+  // `net`), and the sends to each member, the receives from
   // each, and the receives from any source, each in an order of their own,
   // beside the collectives: a send waits for no collective, nor for a
   // receive from its own peer (batch_isend_irecv's pairs), nor they for it.
   std::unique_ptr<transport::ShmMail> mail;
   std::vector<std::unique_ptr<engine::Queue>> sends, receives;
+  // Between servers: the messages sent to, and received from, each member
+  // over `net` so far (their number rides in the tag).
+  std::vector<uint32_t> messages_sent, messages_received;
   engine::Queue any_receives;
   // Every queue of the group, the collectives' first (made with the group:
   // the wait loops of other groups walk it).
@@ -74,6 +78,8 @@ struct Group::Impl {
   const std::vector<engine::Queue*>& queues() const { return all_queues; }
   void make_queues(size_t members) {
     all_queues = {&queue, &any_receives};
+    messages_sent.assign(members, 0);
+    messages_received.assign(members, 0);
     for (size_t m = 0; m < members; ++m) {
       sends.push_back(std::make_unique<engine::Queue>());
       receives.push_back(std::make_unique<engine::Queue>());

@@ -155,6 +155,48 @@ class SendsDone final : public NetWait {
 };
 inline SendsDone sends_done(transport::NetChannel& net) { return SendsDone(net); }
 
+// co_await message_sent(net, id) / message_received(net, id): a
+// point-to-point message over UCX (NetChannel::send_message, recv_message)
+// has left / arrived (its length), or its error.
+class MessageSent final : public NetWait {
+ public:
+  MessageSent(transport::NetChannel& net, uint64_t id) : NetWait(net, "sending a message"), id_(id) {}
+  Status await_resume() {
+    if (!error.ok()) return error;
+    return done_.ok() ? Status::Ok() : done_.status();
+  }
+  bool ready() override {
+    if (done_.ok() && done_.value()) return true;
+    done_ = net_.message_sent(id_);
+    return !done_.ok() || done_.value();
+  }
+
+ private:
+  uint64_t id_;
+  Result<bool> done_{false};
+};
+inline MessageSent message_sent(transport::NetChannel& net, uint64_t id) { return {net, id}; }
+
+class MessageReceived final : public NetWait {
+ public:
+  MessageReceived(transport::NetChannel& net, uint64_t id) : NetWait(net, "receiving a message"), id_(id) {}
+  Result<size_t> await_resume() {
+    if (!error.ok()) return error;
+    if (!got_.ok()) return got_.status();
+    return *got_.value();
+  }
+  bool ready() override {
+    if (got_.ok() && got_.value().has_value()) return true;
+    got_ = net_.message_received(id_);
+    return !got_.ok() || got_.value().has_value();
+  }
+
+ private:
+  uint64_t id_;
+  Result<std::optional<size_t>> got_{std::optional<size_t>{}};
+};
+inline MessageReceived message_received(transport::NetChannel& net, uint64_t id) { return {net, id}; }
+
 // co_await mail_room(mail, to): a slot of this member's mailbox to `to` is
 // free for its next chunk (send), or `to` refused the mailbox (the error).
 // A wait that fails leaves the group as it is: a send is no collective.

@@ -1,16 +1,20 @@
-// Point-to-point: send and receive between two members of a group, through
-// their mailbox (transport/shm_mail.hpp) when both are on this server. Each
-// runs on a queue of its own (the sends to one member, the receives from
-// one member, the receives from any source: Group::Impl), never behind a
-// collective or a transfer the other way, so that exchanges in any order
-// (batch_isend_irecv, a ring of isend/irecv) complete; messages from one
-// member to another are taken in the order they were sent.
+// Point-to-point: send and receive between two members of a group: through
+// their mailbox (transport/shm_mail.hpp) when both are on this server, as
+// one UCX message (NetChannel::send_message) when not. Each runs on a queue
+// of its own (the sends to one member, the receives from one member, the
+// receives from any source: Group::Impl), never behind a collective or a
+// transfer the other way, so that exchanges in any order (batch_isend_irecv,
+// a ring of isend/irecv) complete; messages from one member to another are
+// taken in the order they were sent.
 //
-// A send is done once every chunk is in the mailbox (its buffer may be
-// reused; the receiver may not have taken it yet); a message larger than the
-// mailbox waits for the receiver to empty it. A receive checks each chunk's
-// header (which message, where in it, how long) and refuses a message of
-// another length or tag: both sides then fail with the same words.
+// Within a server a send is done once every chunk is in the mailbox (its
+// buffer may be reused; the receiver may not have taken it yet); a message
+// larger than the mailbox waits for the receiver to empty it. A receive
+// checks each chunk's header (which message, where in it, how long) and
+// refuses a message of another length or tag: both sides then fail with the
+// same words. Between servers a send is done when UCX says so; a receive
+// that disagrees fails the group (a group across servers stays failed after
+// an error), its reason published for the sender.
 #include <algorithm>
 #include <cstring>
 
@@ -26,17 +30,22 @@ namespace {
 
 using transport::ShmMail;
 
-// The channel member index of group rank `peer` (on this server), or why not.
-Result<int> member_of(Group& group, const char* op, int peer) {
+// Where group rank `peer` is reached: a mailbox on this server (its channel
+// member index), or UCX (its group rank, the NetChannel's member index).
+struct Peer {
+  bool local = false;
+  int index = -1;
+};
+
+Result<Peer> peer_of(Group& group, const char* op, int peer) {
   const Group::Impl& gi = *impl_of(group);
   const int world = gi.ranks[static_cast<size_t>(peer)];
   for (int m = 0; gi.mail != nullptr && m < gi.channel->members(); ++m) {
-    if (gi.channel->world_rank(m) == world) return m;
+    if (gi.channel->world_rank(m) == world) return Peer{true, m};
   }
-  return Status{ErrorKind::kUnsupported,
-                fmt::format("{} on {} (rank {}): rank {} is on another server; send and recv between servers are not "
-                            "served yet (only between ranks of one server)",
-                            op, group.describe(), gi.ranks[static_cast<size_t>(gi.me)], world)};
+  if (gi.net != nullptr) return Peer{false, peer};
+  return Status{ErrorKind::kSystem, fmt::format("{} on {} (rank {}): rank {} is neither on this server nor reached over UCX",
+                                                op, group.describe(), gi.ranks[static_cast<size_t>(gi.me)], world)};
 }
 
 // The checks every send and receive makes before it is queued: a peer in
@@ -55,13 +64,63 @@ Status check(Group& group, const char* op, const TensorView& data, int peer, boo
     return ops::invalid(group, op, fmt::format("peer {} is not a rank of the group (0 to {})", peer, group.size() - 1));
   }
   if (peer == group.rank()) return ops::invalid(group, op, fmt::format("peer {} is this rank itself", peer));
-  return member_of(group, op, peer).status();
+  return peer_of(group, op, peer).status();
+}
+
+// What a message between servers carries before its bytes.
+struct Wire {
+  uint64_t total = 0;
+  int64_t tag = 0;
+};
+
+Status disagree(Group& group, int sender, uint64_t sent, int64_t sent_tag, int receiver, uint64_t want, int64_t want_tag) {
+  const Group::Impl& gi = *impl_of(group);
+  return {ErrorKind::kMismatch,
+          fmt::format("{}: rank {} sent {} bytes with tag {} to rank {}, which receives {} bytes with tag {} (sizes and "
+                      "tags must match)",
+                      group.describe(), gi.ranks[static_cast<size_t>(sender)], sent, sent_tag,
+                      gi.ranks[static_cast<size_t>(receiver)], want, want_tag),
+          gi.ranks[static_cast<size_t>(sender)]};
+}
+
+// Over UCX: one message, the Wire then the bytes, numbered per pair and
+// direction (the tag's call field). A group across servers stays failed
+// after an error (ops.hpp): a receive that disagrees fails it.
+engine::Task<Status> send_across(Group& group, const TensorView& data, int peer, int64_t tag) {
+  Group::Impl& gi = *impl_of(group);
+  Wire w{data.nbytes(), tag};
+  const transport::NetIov iov[2] = {{&w, sizeof w}, {data.data, data.nbytes()}};
+  auto id = gi.net->send_message(peer, ++gi.messages_sent[static_cast<size_t>(peer)], iov);
+  if (!id.ok()) co_return id.status();
+  co_return co_await engine::message_sent(*gi.net, id.value());
+}
+
+engine::Task<Status> recv_across(Group& group, const TensorView& data, int peer, int64_t tag) {
+  Group::Impl& gi = *impl_of(group);
+  Wire w;
+  const size_t total = data.nbytes();
+  const transport::NetIov iov[2] = {{&w, sizeof w}, {data.data, total}};
+  auto id = gi.net->recv_message(peer, ++gi.messages_received[static_cast<size_t>(peer)], iov);
+  if (!id.ok()) co_return id.status();
+  auto got = co_await engine::message_received(*gi.net, id.value());
+  Status s = got.ok() ? Status::Ok() : got.status();
+  if (s.ok() && (got.value() != sizeof w + total || w.total != total || w.tag != tag)) {
+    s = disagree(group, peer, got.value() < sizeof w ? 0 : w.total, w.tag, gi.me, total, tag);
+  }
+  if (s.kind() == ErrorKind::kMismatch) {
+    // The sender learns it when it loses this member (published first, as the collectives do).
+    if (gi.publish_failure) gi.publish_failure(s);
+    gi.net->fail(s);
+  }
+  co_return s;
 }
 
 engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int64_t tag) {
   Group::Impl& gi = *impl_of(group);
+  const Peer p = peer_of(group, "send", peer).value();
+  if (!p.local) co_return co_await send_across(group, data, peer, tag);
   ShmMail& mail = *gi.mail;
-  const int to = member_of(group, "send", peer).value();
+  const int to = p.index;
   if (Status r = mail.refused(gi.channel->me(), to); !r.ok()) co_return r;
   const auto* src = static_cast<const std::byte*>(data.data);
   const size_t total = data.nbytes();
@@ -88,9 +147,18 @@ struct Owned {
 
 engine::Task<Status> recv_op(Group& group, const TensorView& data, int peer, int64_t tag, int* source) {
   Group::Impl& gi = *impl_of(group);
+  int named = -1;
+  if (peer != kAnySource) {
+    const Peer p = peer_of(group, "recv", peer).value();
+    if (!p.local) {
+      Status s = co_await recv_across(group, data, peer, tag);
+      if (s.ok() && source != nullptr) *source = peer;
+      co_return s;
+    }
+    named = p.index;
+  }
   ShmMail& mail = *gi.mail;
   const int me = gi.channel->me();
-  const int named = peer == kAnySource ? -1 : member_of(group, "recv", peer).value();
   if (named >= 0) {
     if (Status r = mail.refused(named, me); !r.ok()) co_return r;
   }

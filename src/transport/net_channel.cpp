@@ -1,5 +1,7 @@
 #include "transport/net_channel.hpp"
 
+#include <algorithm>
+
 #include <poll.h>
 
 #include <cstdlib>
@@ -143,6 +145,7 @@ struct Op {
   void* request = nullptr;  // null once completed
   int peer = -1;
   int token = -1;
+  uint64_t id = 0;  // a point-to-point message's (0: a collective's)
   bool reported = false;
   ucs_status_t status = UCS_INPROGRESS;
   ucp_tag_recv_info_t info{};
@@ -157,6 +160,7 @@ struct NetChannel::Impl {
   uint16_t group = 0;
   std::vector<Endpoint> eps;  // sized once: UCX holds pointers to its elements
   std::vector<std::unique_ptr<Op>> recvs, sends;
+  uint64_t last_id = 0;
 
   // Polls one op; true once complete.
   bool poll(Op& op, bool is_recv) {
@@ -322,17 +326,17 @@ Status NetChannel::recv(int from, int owner, uint32_t call, uint32_t piece, std:
 
 size_t NetChannel::pending_receives() const {
   size_t n = 0;
-  for (const auto& op : impl_->recvs) n += op->reported ? 0 : 1;
+  for (const auto& op : impl_->recvs) n += op->reported || op->id != 0 ? 0 : 1;
   return n;
 }
 
 std::optional<NetChannel::Completion> NetChannel::poll_receive() {
   if (!broken_.ok()) return std::nullopt;
   for (auto& op : impl_->recvs) {
-    if (!op->reported && impl_->poll(*op, true) && op->status == UCS_OK) {
+    if (op->id == 0 && !op->reported && impl_->poll(*op, true) && op->status == UCS_OK) {
       op->reported = true;
       Completion c{op->token, op->info.length};
-      if (pending_receives() == 0) impl_->recvs.clear();
+      if (pending_receives() == 0) std::erase_if(impl_->recvs, [](const auto& o) { return o->id == 0; });
       return c;
     }
   }
@@ -342,10 +346,68 @@ std::optional<NetChannel::Completion> NetChannel::poll_receive() {
 bool NetChannel::poll_sends() {
   if (!broken_.ok()) return false;
   for (auto& op : impl_->sends) {
-    if (!impl_->poll(*op, false) || op->status != UCS_OK) return false;
+    if (op->id == 0 && (!impl_->poll(*op, false) || op->status != UCS_OK)) return false;
   }
-  impl_->sends.clear();
+  std::erase_if(impl_->sends, [](const auto& o) { return o->id == 0; });
   return true;
+}
+
+Result<uint64_t> NetChannel::send_message(int to, uint32_t message, std::span<const NetIov> iov) {
+  const size_t before = impl_->sends.size();
+  if (Status s = send(to, me_, message, kPointToPointPiece, iov); !s.ok()) return s;
+  if (impl_->sends.size() == before) return uint64_t{0};  // sent already (eager)
+  impl_->sends.back()->id = ++impl_->last_id;
+  return impl_->last_id;
+}
+
+Result<uint64_t> NetChannel::recv_message(int from, uint32_t message, std::span<const NetIov> iov) {
+  if (Status s = recv(from, from, message, kPointToPointPiece, iov, -1); !s.ok()) return s;
+  impl_->recvs.back()->id = ++impl_->last_id;
+  return impl_->last_id;
+}
+
+namespace {
+// The op known by `id` in `list`, or null.
+std::vector<std::unique_ptr<Op>>::iterator find_id(std::vector<std::unique_ptr<Op>>& list, uint64_t id) {
+  return std::find_if(list.begin(), list.end(), [id](const auto& o) { return o->id == id; });
+}
+}  // namespace
+
+Result<bool> NetChannel::message_sent(uint64_t id) {
+  if (id == 0) return true;
+  if (!broken_.ok()) return broken_;
+  auto it = find_id(impl_->sends, id);
+  if (it == impl_->sends.end()) return true;
+  if (!impl_->poll(**it, false)) return false;
+  const ucs_status_t st = (*it)->status;
+  const int peer = (*it)->peer;
+  impl_->sends.erase(it);
+  if (st != UCS_OK) {
+    return ucx_error(fmt::format("{}: rank {} sending to rank {}", label_, world_ranks_[me_], world_ranks_[peer]), st);
+  }
+  return true;
+}
+
+Result<std::optional<size_t>> NetChannel::message_received(uint64_t id) {
+  if (!broken_.ok()) return broken_;
+  auto it = find_id(impl_->recvs, id);
+  if (it == impl_->recvs.end()) return Status{ErrorKind::kSystem, fmt::format("{}: no such receive", label_)};
+  if (!impl_->poll(**it, true)) return std::optional<size_t>{};
+  const ucs_status_t st = (*it)->status;
+  const int peer = (*it)->peer;
+  size_t posted = 0;
+  for (const auto& v : (*it)->iov) posted += v.length;
+  const size_t length = (*it)->info.length;
+  impl_->recvs.erase(it);
+  if (st == UCS_ERR_MESSAGE_TRUNCATED) {
+    return Status{ErrorKind::kMismatch, fmt::format("{}: rank {} sent a message larger than the {} bytes (with header) rank "
+                                                    "{} receives", label_, world_ranks_[peer], posted, world_ranks_[me_]),
+                  world_ranks_[peer]};
+  }
+  if (st != UCS_OK) {
+    return ucx_error(fmt::format("{}: rank {} receiving from rank {}", label_, world_ranks_[me_], world_ranks_[peer]), st);
+  }
+  return std::optional<size_t>{length};
 }
 
 bool NetChannel::busy() const { return !impl_->recvs.empty() || !impl_->sends.empty() || !impl_->closing.empty(); }

@@ -98,7 +98,9 @@ class NetChannel {
   // What every NetChannel can do: post every piece at once, each received
   // where it lands; no more pieces than the tag numbers (the last number is
   // the steps', NetSteps::kStepPiece).
-  static constexpr Capabilities capabilities() { return {.max_pieces = kMaxNetPieces - 1, .many_in_flight = true}; }
+  static constexpr Capabilities capabilities() { return {.max_pieces = kMaxNetPieces - 2, .many_in_flight = true}; }
+  // The piece number of point-to-point messages (the steps' is the last).
+  static constexpr uint32_t kPointToPointPiece = kMaxNetPieces - 2;
   // Every member calls this once per collective, in the same order.
   uint32_t next_call() { return ++call_; }
 
@@ -112,6 +114,17 @@ class NetChannel {
     int token;
     size_t length;  // bytes received (a shorter message than posted is the caller's to judge)
   };
+  // Point-to-point (ops/p2p.cpp): message number `message` of this member
+  // to `to` (the receiver counts them alike), or from `from`. Each is known
+  // by the id it returns, and only by it: poll_receive() and poll_sends()
+  // ignore them, so that a collective never waits for a send whose receiver
+  // has not come, nor takes a receive meant for a send/recv.
+  Result<uint64_t> send_message(int to, uint32_t message, std::span<const NetIov> iov);
+  Result<uint64_t> recv_message(int from, uint32_t message, std::span<const NetIov> iov);
+  // Whether the message is sent / received (its length), or its error;
+  // once it says so the id is forgotten.
+  Result<bool> message_sent(uint64_t id);
+  Result<std::optional<size_t>> message_received(uint64_t id);
   // The channel does not wait (the engine does, engine/driver.hpp). It says:
   // a receive that completed since the last call (each reported once);
   std::optional<Completion> poll_receive();

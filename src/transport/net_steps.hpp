@@ -74,6 +74,7 @@ class NetSteps final : public Channel {
   // The piece number a step's messages carry in their tag (an Exchange on
   // the same NetChannel numbers its pieces below it).
   static constexpr uint32_t kStepPiece = kMaxNetPieces - 1;
+  static_assert(NetChannel::kPointToPointPiece < kStepPiece && NetChannel::capabilities().max_pieces <= NetChannel::kPointToPointPiece);
 
  private:
   struct Slot {

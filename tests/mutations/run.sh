@@ -16,6 +16,8 @@ cmake -S "$WORK" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_R
 # FG_MUTATIONS_ONLY=REGEX runs only the mutations whose name matches (while writing one).
 # name | file | perl substitution | test binary | gtest filter (no '|' inside a field)
 MUTATIONS=(
+  "a receive between servers waits for the first message again|src/ops/p2p.cpp|s/\+\+gi\.messages_received\[static_cast<size_t>\(peer\)\]/gi.messages_received[static_cast<size_t>(peer)] + 1/|test_p2p|PointToPoint/RingAcrossServers.*"
+  "a collective takes the completion of a message's receive|src/transport/net_channel.cpp|s/if \(op->id == 0 && !op->reported && impl_->poll/if (!op->reported \&\& impl_->poll/|test_p2p|PointToPoint/RingAcrossServers.*"
   "a wait does not drive the group's sends and receives beside it|src/core/communicator.cpp|s/for \(engine::Queue\* q : impl_of\(\*g\)->queues\(\)\) pending \x7c= q->try_progress\(\);/pending \x7c= impl_of(*g)->queue.try_progress();/|test_p2p|PointToPoint/Ring.EveryByteWaitingForTheSendFirst/0"
   "receives wait in the collectives' queue|src/ops/p2p.cpp|s/return peer == kAnySource \? impl_of\(g\)->any_receives : \*impl_of\(g\)->receives\[static_cast<size_t>\(peer\)\];/return impl_of(g)->queue;/|test_p2p|PointToPoint.AReceiveDoesNotHoldUpTheCollectivesAfterIt"
   "a receive takes a message of another length|src/ops/p2p.cpp|s/h\.tag != tag \x7c\x7c h\.total != total\) \{/h.tag != tag) {/|test_p2p|PointToPoint.ALengthOrTagThatDisagreesIsFoundOnBothSides"

@@ -771,6 +771,15 @@ def across_hosts(rank, world):
         err = (out.double() - ref).abs().max().item()
         check(out.dtype == dtype and out.shape == (rows, n) and err <= TOL[dtype] * max(ref.abs().max().item(), 1.0)
               * (k ** 0.5) * world, f"mm_reduce_scatter_base {dtype}: {tuple(out.shape)}, max error {err}")
+    # send/recv between the hosts (one UCX message each): a ring through batch_isend_irecv.
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    for shape in [(0,), (7,), (8, 3072), (512, 3072)]:
+        got = torch.empty(shape)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, pattern(rank, torch.float32, shape, salt=5), nxt, group=fg),
+                                       dist.P2POp(dist.irecv, got, prev, group=fg)])
+        for w in reqs:
+            w.wait()
+        check(same_bytes(got, pattern(prev, torch.float32, shape, salt=5)), f"send/recv {shape} from rank {prev}")
     print(f"rank {rank}: {fastgather.transport(fg)}", file=sys.stderr)
 
 def world_backend_env(rank, world):

@@ -18,6 +18,7 @@ test_torch_backend.py's (workers.py)."""
 import os
 import sys
 import tempfile
+import types
 
 # Under CI=... torch's run_tests() writes XML reports through a package we do not install.
 os.environ.pop("CI", None)
@@ -31,6 +32,34 @@ import torch.distributed as dist  # noqa: E402
 import fastgather  # noqa: E402,F401  (registers the backend, here and so in each forked rank)
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
+
+
+if os.environ.get("FG_AS_GLOO") == "1":
+    # torch's tests as torch runs them for gloo (BACKEND=gloo, so that its gloo-gated tests run),
+    # with every group torch would make on gloo made on fastgather instead: torch makes gloo
+    # groups through the name ProcessGroupGloo in distributed_c10d, which this replaces by a class
+    # whose construction returns a fastgather backend (and that a fastgather backend is an
+    # instance of, as torch checks). What only gloo has (its options, its device objects) is
+    # gloo's own.
+    from torch.distributed import distributed_c10d as _c10d
+    from fastgather import _C as _fg
+
+    _Gloo = _c10d.ProcessGroupGloo
+
+    class _AsGloo(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, (_Gloo, _fg.ProcessGroupFastgather))
+
+        def __getattr__(cls, name):
+            return getattr(_Gloo, name)
+
+    class FastgatherAsGloo(metaclass=_AsGloo):
+        def __new__(cls, store, rank, size, timeout=None, *args, **kwargs):
+            backend = _fg.create_backend(store, rank, size, timeout)
+            backend.options = types.SimpleNamespace(timeout=timeout)  # torch writes the group's ranks and name here
+            return backend
+
+    _c10d.ProcessGroupGloo = FastgatherAsGloo
 
 
 class TestFastgatherBackend(TestDistBackend, DistributedTest._DistTestBase):
