@@ -162,3 +162,13 @@ def test_send_recv_any_source_batch_and_objects_match_expected_and_gloo(world):
 
 def test_pipelining_gpipe_two_stages_matches_gloo():
     run_ranks(2, "pipelining", timeout=120)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_moe_all_to_all_routing_with_autograd_matches_gloo(world):
+    run_ranks(world, "moe", timeout=120)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sequence_parallel_and_loss_parallel_match_gloo(world):
+    run_ranks(world, "sequence_and_loss_parallel", timeout=180)

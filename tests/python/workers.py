@@ -1208,6 +1208,82 @@ def pipelining(rank, world):
     same_as_gloo(world, train)
 
 
+def moe(rank, world):
+    """A mixture-of-experts layer as MoE libraries route tokens: a router picks an expert per token
+    (one expert per rank), the token counts are exchanged (all_to_all_single of int64), the tokens
+    go to their experts and back through the functional all_to_all_single with autograd (uneven
+    splits, some empty), and the loss is backpropagated into the router and every expert: on
+    fastgather and on gloo, the same outputs and gradients, bit for bit."""
+    import torch.distributed._functional_collectives as funcol
+
+    def train(group):
+        torch.manual_seed(0)
+        hidden = 48
+        router = torch.nn.Linear(hidden, world, bias=False)
+        experts = [torch.nn.Linear(hidden, hidden) for _ in range(world)]
+        mine = experts[rank]
+        g = torch.Generator().manual_seed(50 + rank)
+        outs = []
+        for step in range(3):
+            tokens = 5 + 7 * rank + 3 * step  # uneven per rank and step
+            x = torch.randn(tokens, hidden, generator=g)
+            logits = router(x)
+            expert = logits.argmax(dim=1)
+            if step == 1:
+                expert = torch.zeros_like(expert)  # every token to expert 0: empty splits elsewhere
+            order = torch.argsort(expert, stable=True)
+            send_counts = torch.bincount(expert, minlength=world)
+            recv_counts = torch.empty_like(send_counts)
+            dist.all_to_all_single(recv_counts, send_counts, group=group)
+            gate = torch.softmax(logits, dim=1).gather(1, expert[:, None])
+            routed = funcol.all_to_all_single_autograd(x[order], recv_counts.tolist(), send_counts.tolist(), group)
+            done = mine(routed)
+            back = funcol.all_to_all_single_autograd(done, send_counts.tolist(), recv_counts.tolist(), group)
+            y = torch.empty_like(back).index_copy(0, order, back) * gate
+            y.square().mean().backward()
+            outs.append(y.detach().clone())
+        return outs + [router.weight.grad.clone(), mine.weight.grad.clone(), mine.bias.grad.clone()]
+
+    same_as_gloo(world, train)
+
+
+def sequence_and_loss_parallel(rank, world):
+    """DTensor sequence parallelism (a LayerNorm on sequence shards, SequenceParallel; the
+    all-gather into the column-parallel layer and the reduce-scatter out of the row-parallel one
+    go through the functional collectives) and loss_parallel (the cross-entropy of vocabulary
+    shards: all_reduce MAX and SUM), forward and backward, on a mesh of a fastgather group and of
+    a gloo group: the same loss and gradients."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel,
+                                                   parallelize_module)
+
+    def train(group):
+        mesh = DeviceMesh.from_group(group, "cpu")
+        torch.manual_seed(0)
+        model = torch.nn.ModuleDict({"norm": torch.nn.LayerNorm(16), "up": torch.nn.Linear(16, 32),
+                                     "down": torch.nn.Linear(32, 16), "head": torch.nn.Linear(16, 24, bias=False)})
+        parallelize_module(model, mesh, {
+            "norm": SequenceParallel(),
+            "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1)),
+            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        })
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(2, 4 * world, 16, generator=g)
+        labels = torch.randint(0, 24, (2 * 4 * world,), generator=g)
+        h = model["norm"](x.chunk(world, dim=1)[rank])  # this rank's part of the sequence
+        h = model["down"](torch.relu(model["up"](h)))
+        logits = model["head"](h)
+        with loss_parallel():
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels)
+            loss.backward()
+        return [loss.full_tensor() if hasattr(loss, "full_tensor") else loss.detach()] + \
+            [p.grad.full_tensor() for p in model.parameters()]
+
+    same_as_gloo(world, train)
+
+
 def main():
     name, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     args = [int(a) for a in sys.argv[5:]]

@@ -20,6 +20,7 @@ memcpy of the same bytes beside them) instead, gloo and fastgather in turn in
 every round.
 """
 import argparse
+import ctypes
 import datetime
 import multiprocessing
 import os
@@ -123,7 +124,7 @@ def ping_pong(rank, x, y, g):
         dist.send(x, dst=0, group=g)
 
 
-def rank_exchanges(rank, world, port, q, backends, rounds):
+def rank_exchanges(rank, world, port, q, backends, rounds, ops):
     """--exchanges: gather, scatter, all_to_all_single and reduce (SUM) of fp32 (m, 3072) per rank
     (all_to_all_single: that much in and out, in equal parts), each backend in turn in every round:
     per backend, op and size, the median over rounds of each round's median of the slowest rank."""
@@ -150,11 +151,13 @@ def rank_exchanges(rank, world, port, q, backends, rounds):
                     # A ping-pong between ranks 0 and 1 (the others idle): two messages of
                     # (m, 3072) fp32, one each way; the time is for both.
                     "send_recv": lambda: ping_pong(rank, x, mine, g),
-                    # One copy of the same bytes on this rank's core, beside it: the yardstick
-                    # of issue 37 (a message within 2x of a copy).
-                    "memcpy": lambda: mine.copy_(x),
+                    # One memcpy of the same bytes on this rank's core, beside it: the yardstick
+                    # of issue 37 (a message within 2x of a copy). libc's, on one thread (torch's
+                    # copy_ splits a large copy over its intra-op threads, which two ranks on two
+                    # cores make wait for each other).
+                    "memcpy": lambda: ctypes.memmove(mine.data_ptr(), x.data_ptr(), x.numel() * x.element_size()),
                 }
-                for op in EXCHANGES:
+                for op in ops:
                     try:
                         v = median_slowest(calls[op], iters, g)
                     except (RuntimeError, NotImplementedError):
@@ -166,7 +169,7 @@ def rank_exchanges(rank, world, port, q, backends, rounds):
     dist.destroy_process_group()
 
 
-def print_exchanges(res, ranks, backends, rounds):
+def print_exchanges(res, ranks, backends, rounds, ops):
     print(f"torch {torch.__version__}, {ranks} ranks, {os.cpu_count()} CPUs, {rounds} interleaved rounds; per op "
           "and size the median over rounds of each round's median (us) of the slowest rank, [min-max of the rounds]\n")
     print("| op | per-rank data | " + " | ".join(backends) + " | gloo / fastgather |")
@@ -177,7 +180,7 @@ def print_exchanges(res, ranks, backends, rounds):
             return "unsupported"
         med, runs = v
         return "unsupported" if med is None else f"{med * 1e6:.1f} [{min(runs) * 1e6:.0f}-{max(runs) * 1e6:.0f}]"
-    for op in EXCHANGES:
+    for op in ops:
         for m in MS:
             kb = m * HIDDEN * 4 / 1024
             size = f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
@@ -209,19 +212,24 @@ def main():
     ap.add_argument("--exchanges", action="store_true",
                     help="gather, scatter, all_to_all_single, reduce and a send/recv ping-pong instead, the backends interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="--exchanges: interleaved rounds")
+    ap.add_argument("--ops", default=",".join(EXCHANGES), help="--exchanges: which of " + ",".join(EXCHANGES))
     a = ap.parse_args()
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     backends = a.backends.split(",")
     if a.exchanges:
-        procs = [ctx.Process(target=rank_exchanges, args=(r, a.ranks, a.port, q, backends, a.rounds))
+        ops = a.ops.split(",")
+        unknown = sorted(set(ops) - set(EXCHANGES))
+        if unknown:
+            ap.error(f"--ops: no such op {', '.join(unknown)} (the ops: {', '.join(EXCHANGES)})")
+        procs = [ctx.Process(target=rank_exchanges, args=(r, a.ranks, a.port, q, backends, a.rounds, ops))
                  for r in range(a.ranks)]
         for p in procs:
             p.start()
         res = q.get(timeout=3600)
         for p in procs:
             p.join()
-        print_exchanges(res, a.ranks, backends, a.rounds)
+        print_exchanges(res, a.ranks, backends, a.rounds, ops)
         return
     procs = [ctx.Process(target=rank_main, args=(r, a.ranks, a.port, q, backends)) for r in range(a.ranks)]
     for p in procs:
