@@ -315,6 +315,39 @@ TEST_P(RingAcrossServers, EveryByteBothWaitingOrders) {
 
 INSTANTIATE_TEST_SUITE_P(PointToPoint, RingAcrossServers, ::testing::Values(2, 4));
 
+// Sends and receives handed to the library's progress thread while this
+// thread runs collectives on the same group between servers: two threads
+// drive the group's one UCX worker at once (NetChannel serializes them);
+// every byte of both checked.
+TEST(PointToPoint, MessagesInTheBackgroundBesideCollectivesAcrossServers) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-across-background";
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int me = g.rank(), peer = 1 - me;
+    for (uint64_t it = 1; it <= 40; ++it) {
+      const size_t bytes = 1000 + (it * 7919) % 150000;
+      std::vector<uint8_t> out = message(me, peer, bytes, it), in(bytes, 0xEE);
+      Request r = start_recv(g, view(in), peer, 4);
+      Request s = start_send(g, view(out), peer, 4);
+      r.drive_in_background();
+      s.drive_in_background();
+      std::vector<uint8_t> one(4096, static_cast<uint8_t>(me + it)), all(8192);
+      for (int k = 0; k < 3; ++k) RANK_OK(all_gather(g, view(one), view(all)));
+      RANK_CHECK(all[0] == static_cast<uint8_t>(it) && all[4096] == static_cast<uint8_t>(1 + it), "all-gather {}", it);
+      RANK_OK(s.wait());
+      RANK_OK(r.wait());
+      const long long bad = wrong(in, peer, me, it);
+      RANK_CHECK(bad < 0, "message {}: byte {} is wrong", it, bad);
+    }
+    return "";
+  }, o));
+}
+
 // A receive of another length between servers: kMismatch on the receiver,
 // naming both sizes; the group is failed (as after any error between
 // servers), and the sender's next call there fails too rather than hang.

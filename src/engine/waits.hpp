@@ -260,7 +260,8 @@ class MailArrival final : public Waiter {
     for (int i = 1; i < n; ++i) {
       const int m = (me + i) % n;
       const transport::ChunkHeader* h = mail_.peek(m);
-      if (h == nullptr || h->offset != 0 || h->tag != tag_ || !mail_.claim(m)) continue;
+      // A refused mailbox holds what its receiver would not take: no message for anyone.
+      if (h == nullptr || h->offset != 0 || h->tag != tag_ || !mail_.refused(m, me).ok() || !mail_.claim(m)) continue;
       if (mail_.peek(m) == nullptr) {  // cannot be: only the owner takes
         mail_.release(m);
         continue;

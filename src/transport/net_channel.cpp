@@ -67,7 +67,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(UcxContext& context) {
   auto impl = std::make_unique<Impl>();
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // one thread at a time, not always the same (NetChannel::mu_)
   ucs_status_t st = ucx().ucp_worker_create(context.impl()->context, &wp, &impl->worker);
   if (st != UCS_OK) return ucx_error("creating a UCX worker", st);
   if (st = ucx().ucp_worker_get_efd(impl->worker, &impl->efd); st != UCS_OK) return ucx_error("getting the UCX worker's event fd", st);
@@ -268,13 +268,23 @@ NetChannel::~NetChannel() {
   impl_->drain(std::chrono::milliseconds(500));
 }
 
-void NetChannel::begin_close() { impl_->close_endpoints(broken_.ok()); }
+void NetChannel::begin_close() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  impl_->close_endpoints(broken_.ok());
+}
 
-bool NetChannel::closed() { return impl_->settled(); }
+bool NetChannel::closed() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  return impl_->settled();
+}
 
-void NetChannel::progress() { ucx().ucp_worker_progress(impl_->w->worker); }
+void NetChannel::progress() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  ucx().ucp_worker_progress(impl_->w->worker);
+}
 
 Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   Endpoint& e = impl_->eps[to];
   if (e.ep == nullptr) return {ErrorKind::kSystem, fmt::format("{}: no endpoint to rank {}", label_, world_ranks_[to])};
@@ -302,6 +312,7 @@ Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::s
 }
 
 Status NetChannel::recv(int from, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov, int token) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   auto op = std::make_unique<Op>();
   op->peer = from;
@@ -331,6 +342,7 @@ size_t NetChannel::pending_receives() const {
 }
 
 std::optional<NetChannel::Completion> NetChannel::poll_receive() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return std::nullopt;
   for (auto& op : impl_->recvs) {
     if (op->id == 0 && !op->reported && impl_->poll(*op, true) && op->status == UCS_OK) {
@@ -344,6 +356,7 @@ std::optional<NetChannel::Completion> NetChannel::poll_receive() {
 }
 
 bool NetChannel::poll_sends() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return false;
   for (auto& op : impl_->sends) {
     if (op->id == 0 && (!impl_->poll(*op, false) || op->status != UCS_OK)) return false;
@@ -353,6 +366,7 @@ bool NetChannel::poll_sends() {
 }
 
 Result<uint64_t> NetChannel::send_message(int to, uint32_t message, std::span<const NetIov> iov) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   const size_t before = impl_->sends.size();
   if (Status s = send(to, me_, message, kPointToPointPiece, iov); !s.ok()) return s;
   if (impl_->sends.size() == before) return uint64_t{0};  // sent already (eager)
@@ -361,6 +375,7 @@ Result<uint64_t> NetChannel::send_message(int to, uint32_t message, std::span<co
 }
 
 Result<uint64_t> NetChannel::recv_message(int from, uint32_t message, std::span<const NetIov> iov) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (Status s = recv(from, from, message, kPointToPointPiece, iov, -1); !s.ok()) return s;
   impl_->recvs.back()->id = ++impl_->last_id;
   return impl_->last_id;
@@ -374,6 +389,7 @@ std::vector<std::unique_ptr<Op>>::iterator find_id(std::vector<std::unique_ptr<O
 }  // namespace
 
 Result<bool> NetChannel::message_sent(uint64_t id) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (id == 0) return true;
   if (!broken_.ok()) return broken_;
   auto it = find_id(impl_->sends, id);
@@ -389,6 +405,7 @@ Result<bool> NetChannel::message_sent(uint64_t id) {
 }
 
 Result<std::optional<size_t>> NetChannel::message_received(uint64_t id) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   auto it = find_id(impl_->recvs, id);
   if (it == impl_->recvs.end()) return Status{ErrorKind::kSystem, fmt::format("{}: no such receive", label_)};
@@ -410,9 +427,13 @@ Result<std::optional<size_t>> NetChannel::message_received(uint64_t id) {
   return std::optional<size_t>{length};
 }
 
-bool NetChannel::busy() const { return !impl_->recvs.empty() || !impl_->sends.empty() || !impl_->closing.empty(); }
+bool NetChannel::busy() const {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  return !impl_->recvs.empty() || !impl_->sends.empty() || !impl_->closing.empty();
+}
 
 Status NetChannel::check(const char* what, std::optional<Clock::time_point>& lost_since) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   auto& eps = impl_->eps;
   // A peer that failed a call (a mismatch it saw) closes its endpoints; what
@@ -456,6 +477,7 @@ Status NetChannel::check(const char* what, std::optional<Clock::time_point>& los
 }
 
 Status NetChannel::timed_out(const char* what, std::chrono::milliseconds timeout) const {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   int peer = -1;
   for (auto* list : {&impl_->recvs, &impl_->sends}) {
     for (auto& op : *list) {
@@ -469,16 +491,22 @@ Status NetChannel::timed_out(const char* what, std::chrono::milliseconds timeout
 }
 
 void NetChannel::sleep(std::chrono::nanoseconds slice) {
-  // Sleep until the worker has events (or the slice passes).
-  if (ucx().ucp_worker_arm(impl_->w->worker) != UCS_OK) return;  // BUSY: events pending; an error shows in check()
+  // Sleep until the worker has events (or the slice passes): armed under
+  // the lock, slept without it.
+  {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (ucx().ucp_worker_arm(impl_->w->worker) != UCS_OK) return;  // BUSY: events pending; an error shows in check()
+  }
   pollfd p{impl_->w->efd, POLLIN, 0};
   const timespec ts{static_cast<time_t>(slice.count() / 1'000'000'000), static_cast<long>(slice.count() % 1'000'000'000)};
   ::ppoll(&p, 1, &ts, nullptr);
 }
 
 void NetChannel::fail(Status why) {
-  if (!broken_.ok()) return;
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (failed_.load(std::memory_order_relaxed)) return;
   broken_ = std::move(why);
+  failed_.store(true, std::memory_order_release);
   impl_->abandon();
 }
 

@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -143,8 +145,9 @@ class NetChannel {
   void sleep(std::chrono::nanoseconds slice);
 
   // Sticky: after a timeout, a lost peer or a mismatch, every later call
-  // fails with the same status. fail() cancels what is in flight.
-  const Status& broken() const { return broken_; }
+  // fails with the same status. fail() cancels what is in flight. Written
+  // once, then published: any thread may ask.
+  const Status& broken() const { return failed_.load(std::memory_order_acquire) ? broken_ : ok_; }
   void fail(Status why);
 
   // Closing, in the way of Open MPI's UCX layer: every rank starts a flushing
@@ -166,6 +169,13 @@ class NetChannel {
   uint32_t call_ = 0;
   std::string label_;
   Status broken_;
+  std::atomic<bool> failed_{false};  // broken_ is written
+  Status ok_;
+  // A group's collectives and its sends and receives (each on a queue of
+  // their own, engine/driver.hpp) may be driven by different threads at
+  // once: every call that touches the worker or the lists of operations
+  // holds this (recursive: fail() from inside send()).
+  mutable std::recursive_mutex mu_;
 };
 
 }  // namespace fastgather::transport
