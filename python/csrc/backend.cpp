@@ -267,10 +267,70 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce(std::vector<at:
                                                                  const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "fastgather: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& t = tensors[0];
+  if (t.defined() && t.layout() == at::kSparse) return allreduce_sparse(t, opts);
   const fg::ReduceOp red = check_reduce("all_reduce", t, "the tensor", opts.reduceOp);
   auto work = make_work(c10d::OpType::ALLREDUCE, tensors);
   const at::Tensor buf = reduce_buffer(*work, t, opts.reduceOp);
   start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf), {.op = red}); });
+  return submit(work);
+}
+
+// A sparse COO tensor, summed as gloo sums one: every rank's coalesced
+// indices and values gathered (their counts first: this call waits for that
+// small all-gather), then the entries that coincide added up, and the sum
+// written into the tensor once the gathers are done.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce_sparse(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+  constexpr const char* kOp = "all_reduce of a sparse tensor";
+  TORCH_CHECK_NOT_IMPLEMENTED(opts.reduceOp == c10d::ReduceOp::SUM, "fastgather: ", kOp,
+                              " takes ReduceOp.SUM only (as gloo does)");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "fastgather: ", kOp, ": the tensor is on ", t.device(), ", not the CPU");
+  const at::Tensor c = t.coalesce();
+  const at::Tensor idx = c._indices().contiguous();  // (sparse_dim, nnz), int64
+  const at::Tensor val = c._values().contiguous();   // (nnz, dense sizes...)
+  const int64_t sparse_dim = c.sparse_dim();
+  int64_t row = 1;  // elements of one entry's value
+  for (int64_t d = sparse_dim; d < c.dim(); ++d) row *= c.size(d);
+  // The library's elements per torch element (a complex number is two reals).
+  const int64_t per = val.is_complex() ? 2 : (library_dtype(val).first == fg::DType::kU8 ? val.element_size() : 1);
+  at::Tensor nnz_mine = at::full({1}, c._nnz(), at::kLong);
+  at::Tensor nnz_all = at::empty({size_}, at::kLong);
+  {
+    fg::Status s;
+    auto gather_counts = [&] { s = fg::all_gather(group(), view_of(nnz_mine), view_of(nnz_all)); };
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release nogil;
+      gather_counts();
+    } else {
+      gather_counts();
+    }
+    if (!s.ok()) raise(s);
+  }
+  std::vector<int64_t> nnz(nnz_all.data_ptr<int64_t>(), nnz_all.data_ptr<int64_t>() + size_);
+  std::vector<int64_t> idx_counts, val_counts;
+  int64_t total = 0;
+  for (int64_t n : nnz) {
+    TORCH_CHECK_VALUE(n >= 0, "fastgather: ", kOp, ": a rank has ", n, " entries");
+    idx_counts.push_back(sparse_dim * n);
+    val_counts.push_back(row * n * per);
+    total += n;
+  }
+  std::vector<int64_t> val_shape{total};
+  for (int64_t d = sparse_dim; d < c.dim(); ++d) val_shape.push_back(c.size(d));
+  at::Tensor idx_all = at::empty({sparse_dim * total}, at::kLong);
+  at::Tensor val_all = at::empty(val_shape, val.options());
+  auto work = make_work(c10d::OpType::ALLREDUCE, {t});
+  work->flight().keep.insert(work->flight().keep.end(), {idx, val, idx_all, val_all});
+  start(*work, group(), [&](fg::Group& g) { return fg::start_all_gather_v(g, view_of(idx), view_of(idx_all), idx_counts); });
+  start(*work, group(), [&](fg::Group& g) { return fg::start_all_gather_v(g, view_of(val), view_of(val_all), val_counts); });
+  work->flight().on_success = [t, idx_all, val_all, nnz, sparse_dim]() mutable {
+    std::vector<at::Tensor> parts;
+    int64_t off = 0;
+    for (int64_t n : nnz) {
+      parts.push_back(idx_all.narrow(0, off, sparse_dim * n).view({sparse_dim, n}));
+      off += sparse_dim * n;
+    }
+    t.copy_(at::sparse_coo_tensor(at::cat(parts, 1), val_all, t.sizes()).coalesce());
+  };
   return submit(work);
 }
 

@@ -107,6 +107,7 @@ class ProcessGroupFastgather : public c10d::Backend {
   void add_reduce_scatter(FastgatherWork& work, const at::Tensor& output, const at::Tensor& input, fg::ReduceOp red);
   void check_root(const char* op, int64_t root) const;
   void check_peer(const char* op, int peer) const;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(at::Tensor& t, const c10d::AllreduceOptions& opts);
   void add_recv(FastgatherWork& work, const at::Tensor& t, int src, int tag);
   // A contiguous buffer for `user` (itself where it is contiguous), copied
   // back into it once the work's requests are done.

@@ -127,10 +127,8 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch.distributed");
   // One name per group in this process, whatever the rank (torch_npu's takes one).
   auto name = [](ProcessGroupFastgather& pg, py::object /*rank*/) { return pg.comm_name(); };
-  // dynamic_attr: torch's own suite, run with every gloo group made on fastgather
-  // (tests/python/torch_suite), hands it the attributes it sets on a gloo backend.
-  py::class_<ProcessGroupFastgather, c10d::Backend, c10::intrusive_ptr<ProcessGroupFastgather>>(
-      m, "ProcessGroupFastgather", py::dynamic_attr())
+  py::class_<ProcessGroupFastgather, c10d::Backend, c10::intrusive_ptr<ProcessGroupFastgather>>(m,
+                                                                                                "ProcessGroupFastgather")
       .def("get_comm_name", name, py::arg("rank") = py::none(), "The name all_gather_base_mm takes as hcom")
       .def("get_hccl_comm_name", name, py::arg("rank") = py::none(), "get_comm_name, under torch_npu's name")
       .def("transport", &ProcessGroupFastgather::transport);

@@ -892,7 +892,8 @@ def wait_timeout(rank, world):
 
 def coalesced(rank, world):
     """all_gather_into_tensor_coalesced (the ProcessGroup method, and through the coalescing
-    manager), all_gather_coalesced, and the functional collectives' all_gather_tensor."""
+    manager), all_gather_coalesced, the functional collectives' all_gather_tensor, and all_reduce of
+    a sparse tensor."""
     import torch.distributed._functional_collectives as funcol
     fg = dist.new_group(list(range(world)), backend="fastgather")
     shapes = [(3,), (5, 7), (0,), (64, 33)]
@@ -909,6 +910,19 @@ def coalesced(rank, world):
             dist.all_gather_into_tensor(o, x, group=fg)
     cm.wait()
     check(all(same_bytes(o, w) for o, w in zip(outs, want)), "_coalescing_manager")
+    # A sparse COO tensor (gloo sums one): entries that coincide across ranks added, a rank with
+    # none, values with a dense dimension; against the dense sum.
+    def sparse_of(r):
+        g = torch.Generator().manual_seed(70 + r)
+        dense = torch.zeros(9, 6, 2, dtype=torch.float64)
+        if r != 1:
+            for _ in range(5 + r):
+                i, j = torch.randint(0, 9, (1,), generator=g).item(), torch.randint(0, 6, (1,), generator=g).item()
+                dense[i, j] += torch.randint(1, 50, (2,), generator=g).double()
+        return dense.to_sparse(sparse_dim=2)
+    y = sparse_of(rank)
+    dist.all_reduce(y, group=fg)
+    check(y.is_sparse and torch.equal(y.to_dense(), sum(sparse_of(r).to_dense() for r in range(world))), "sparse all_reduce")
     lists = [[torch.empty(s, dtype=d) for d, s in zip(dtypes, shapes)] for _ in range(world)]
     dist.all_gather_coalesced(lists, xs, group=fg)
     for r in range(world):

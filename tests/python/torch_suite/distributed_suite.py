@@ -18,7 +18,6 @@ test_torch_backend.py's (workers.py)."""
 import os
 import sys
 import tempfile
-import types
 
 # Under CI=... torch's run_tests() writes XML reports through a package we do not install.
 os.environ.pop("CI", None)
@@ -36,30 +35,21 @@ from torch.testing._internal.distributed.distributed_test import DistributedTest
 
 if os.environ.get("FG_AS_GLOO") == "1":
     # torch's tests as torch runs them for gloo (BACKEND=gloo, so that its gloo-gated tests run),
-    # with every group torch would make on gloo made on fastgather instead: torch makes gloo
-    # groups through the name ProcessGroupGloo in distributed_c10d, which this replaces by a class
-    # whose construction returns a fastgather backend (and that a fastgather backend is an
-    # instance of, as torch checks). What only gloo has (its options, its device objects) is
-    # gloo's own.
+    # with every group torch would make on gloo made on fastgather instead: every process group
+    # is made by distributed_c10d._new_process_group_helper, which this wraps to ask for
+    # fastgather where gloo was asked for (the world included). The groups then say
+    # "fastgather" (tests that compare the name with "gloo" fail); torch's own code that treats
+    # a group named gloo as its ProcessGroupGloo never meets one.
     from torch.distributed import distributed_c10d as _c10d
-    from fastgather import _C as _fg
 
-    _Gloo = _c10d.ProcessGroupGloo
+    _helper = _c10d._new_process_group_helper
 
-    class _AsGloo(type):
-        def __instancecheck__(cls, obj):
-            return isinstance(obj, (_Gloo, _fg.ProcessGroupFastgather))
+    def _gloo_made_on_fastgather(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+        if str(backend).lower() in ("gloo", "cpu:gloo"):
+            backend = _c10d.Backend("fastgather")
+        return _helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs)
 
-        def __getattr__(cls, name):
-            return getattr(_Gloo, name)
-
-    class FastgatherAsGloo(metaclass=_AsGloo):
-        def __new__(cls, store, rank, size, timeout=None, *args, **kwargs):
-            backend = _fg.create_backend(store, rank, size, timeout)
-            backend.options = types.SimpleNamespace(timeout=timeout)  # torch writes the group's ranks and name here
-            return backend
-
-    _c10d.ProcessGroupGloo = FastgatherAsGloo
+    _c10d._new_process_group_helper = _gloo_made_on_fastgather
 
 
 class TestFastgatherBackend(TestDistBackend, DistributedTest._DistTestBase):

@@ -7,6 +7,7 @@ fastgather, with the last line of its error.
 
 Exit status 0 whatever the counts: it reports, the test command's named tests assert."""
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -51,8 +52,10 @@ def run(world, as_gloo, pattern, timeout):
             current = None
     errors = {}
     for m in re.finditer(r"^(?:FAIL|ERROR): (test_\w+) .*?\n-{20,}\n(.*?)(?=\n={20,}|\n-{20,}\nRan )", out, re.M | re.S):
-        lines = [l for l in m.group(2).strip().splitlines() if l.strip()]
-        errors[m.group(1)] = lines[-1][:200] if lines else ""
+        lines = [l.strip() for l in m.group(2).strip().splitlines() if l.strip()]
+        # The exception's own line (torch's runner adds advice after it), else the last.
+        said = [l for l in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", l) or "Expected" in l]
+        errors[m.group(1)] = (said[-1] if said else lines[-1] if lines else "")[:200]
     return results, errors, time.time() - t0
 
 
@@ -61,6 +64,7 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("-k", default="", help="only the tests whose name matches (unittest -k)")
     ap.add_argument("--timeout", type=int, default=5400)
+    ap.add_argument("--json", default="", help="also write both runs' verdicts here")
     a = ap.parse_args()
     gloo, _, t_gloo = run(a.world, False, a.k, a.timeout)
     ours, errors, t_ours = run(a.world, True, a.k, a.timeout)
@@ -73,6 +77,9 @@ def main():
     for name, r, t in (("gloo", gloo, t_gloo), ("every gloo group on fastgather", ours, t_ours)):
         c = counts(r)
         print(f"| {name} | {c['pass']} | {c['fail']} | {c['skip']} | {t / 60:.1f} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"world": a.world, "gloo": gloo, "fastgather": ours, "errors": errors}, f, indent=1)
     lost = sorted(t for t, v in gloo.items() if v == "pass" and ours.get(t) != "pass")
     print(f"\nPass on gloo, not on fastgather ({len(lost)}):\n")
     for t in lost:
