@@ -265,6 +265,27 @@ TEST(FgBench, SumsWithInputsRewrittenStayExact) {
   std::remove(json.c_str());
 }
 
+// The other reductions, every value checked (min and max exactly, the
+// average within its rounding), at 3 ranks (an average that does not divide).
+TEST(FgBench, MinMaxAndAverageChecked) {
+  for (const char* op : {"min", "max", "avg"}) {
+    const std::string json = fmt::format("/tmp/fg-bench-test-{}-{}.json", op, ::getpid());
+    std::string out;
+    int rc = run_bench(FG_BENCH_NOMPI, fmt::format("--dp 3 -c --reduce-op {} --ops all_reduce,reduce_scatter --m 1,9 "
+                                                    "--hidden 96 --time-ms 5 --no-limits --port {} --json {}",
+                                                    op, fgtest::free_port(), json),
+                       &out);
+    EXPECT_EQ(rc, 0) << out;
+    std::ifstream f(json);
+    nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j["config"]["reduce_op"], op);
+    EXPECT_EQ(j["rows"].size(), 4u) << j.dump();
+    for (const auto& r : j["rows"]) EXPECT_EQ(r["check"], "ok") << op << ": " << r.dump();
+    EXPECT_NE(out.find(fmt::format("AllReduce, {} (fp32", op)), std::string::npos) << out;
+    std::remove(json.c_str());
+  }
+}
+
 TEST(FgBench, SixRanksTpThreeDpTwoChecked) {
   std::string out;
   int rc = run_bench(FG_BENCH, fmt::format("-c --tp 3 --dp 2 --m 1,8 --hidden 96 --time-ms 5 --no-limits --port {}",

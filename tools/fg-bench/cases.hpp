@@ -65,6 +65,8 @@ struct CaseShape {
   // Inputs from the group's symmetric heap (Group::empty), read in place by
   // the peers; false: ordinary private memory (Tensor::empty).
   bool symmetric = false;
+  // all_reduce and reduce_scatter: which reduction (its values checked as exactly as the sums).
+  ReduceOp reduce_op = ReduceOp::kSum;
 };
 
 std::unique_ptr<Case> make_all_gather(Group& g, const CaseShape& s);

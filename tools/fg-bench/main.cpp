@@ -57,7 +57,7 @@ nlohmann::json config_json(const Options& o, const Config& c, const LaunchPlan& 
           {"mm_dtype", o.mm_dtype},    {"n", o.n},              {"time_ms", o.run.time_ms},
           {"iters", o.run.iters},      {"check", o.run.check},  {"ms", o.ms},
           {"trials", o.run.trials},    {"dv", o.dv},            {"compare", o.compare},
-          {"rewrite_inputs", o.run.rewrite_inputs}};
+          {"rewrite_inputs", o.run.rewrite_inputs}, {"reduce_op", o.reduce_op}};
 }
 
 using CaseFactory = std::function<std::unique_ptr<Case>()>;
@@ -126,7 +126,9 @@ std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Opti
   std::vector<CaseGroup> groups;
   for (int64_t m : o.ms) {
     const bool symmetric = o.input == "symmetric";
-    const CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1, spans, symmetric};
+    CaseShape s{m, o.hidden, ag_dtype, o.n, o.dv ? 8 : 1, spans, symmetric};
+    s.reduce_op = o.reduce_op == "avg" ? ReduceOp::kAvg : o.reduce_op == "min" ? ReduceOp::kMin
+                : o.reduce_op == "max" ? ReduceOp::kMax : ReduceOp::kSum;
     const size_t held = static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype) * static_cast<size_t>(g.size() + 1) *
                         static_cast<size_t>(s.variants);
     auto next_group = [&] {
@@ -198,7 +200,8 @@ std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Opti
           return c;
         });
       }
-      if (use_mpi && (s.dtype == DType::kF32 || s.dtype == DType::kF64)) {
+      // Open MPI's sums beside ours (with another reduction, only ours).
+      if (use_mpi && s.reduce_op == ReduceOp::kSum && (s.dtype == DType::kF32 || s.dtype == DType::kF64)) {
         cases.push_back([s, scatter] { return scatter ? mpi::make_reduce_scatter(s) : mpi::make_all_reduce(s); });
       }
     }
@@ -265,10 +268,12 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
     out += format_speedups("matmul_reduce_scatter", "unfused", 1.1, rows) + "\n";
   }
   if (const auto ar = select("all_reduce"); !ar.empty()) {
-    out += format_table(fmt::format("AllReduce, sum ({}, hidden {}; per-rank data: each rank's input)", o.dtype, o.hidden), ar) + "\n";
+    out += format_table(fmt::format("AllReduce, {} ({}, hidden {}; per-rank data: each rank's input)", o.reduce_op, o.dtype,
+                                    o.hidden), ar) + "\n";
   }
   if (const auto rs = select("reduce_scatter"); !rs.empty()) {
-    out += format_table(fmt::format("ReduceScatter, sum ({}, hidden {}; per-rank data: each rank's input)", o.dtype, o.hidden), rs) +
+    out += format_table(fmt::format("ReduceScatter, {} ({}, hidden {}; per-rank data: each rank's input)", o.reduce_op, o.dtype,
+                                    o.hidden), rs) +
            "\n";
   }
   if (o.compare || limits != nullptr) {
@@ -475,6 +480,8 @@ int main(int argc, char** argv) {
   app.add_flag("--rewrite-inputs", o.run.rewrite_inputs,
                "sums: before each call (untimed) store to every cache line of its input, values kept, as the GEMM "
                "before a layer's sum leaves it");
+  app.add_option("--reduce-op", o.reduce_op, "all_reduce and reduce_scatter: the reduction (every value checked with --check)")
+      ->check(CLI::IsMember({"sum", "avg", "min", "max"}));
   app.add_option("--input", o.input,
                  "where the ops' inputs live: symmetric (the group's heap, read in place; --compare adds a private row) "
                  "or private (ordinary memory, as a framework's tensors)")

@@ -26,6 +26,7 @@ struct Options {
   bool no_limits = false;
   bool dv = false;          // data-varying buffers
   std::string input = "symmetric";  // where the ops' inputs live: symmetric (Group::empty) or private
+  std::string reduce_op = "sum";    // all_reduce and reduce_scatter: sum, avg, min or max
 };
 
 }  // namespace fastgather::bench

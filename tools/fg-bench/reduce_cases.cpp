@@ -2,7 +2,9 @@
 // (sums.hpp), so check mode knows every element of every output.
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <cstring>
 #include <vector>
@@ -58,7 +60,9 @@ double sgemm_floor_us(int64_t rows, int64_t n, int64_t k, const float* b) {
 }
 
 std::string check_exact_sums(DType dtype, const void* out, size_t first, size_t count, const std::vector<int>& ranks,
-                             uint64_t it, const std::string& what) {
+                             uint64_t it, const std::string& what, ReduceOp op) {
+  // The average is the one result that is rounded: within half a unit of the dtype's last place.
+  const float avg_slack = dtype == DType::kBF16 ? 1.0f / 128 : dtype == DType::kF16 ? 1.0f / 1024 : 1e-6f;
   constexpr size_t kBlock = 4096;
   float got[kBlock];
   const size_t es = dtype_size(dtype);
@@ -71,10 +75,22 @@ std::string check_exact_sums(DType dtype, const void* out, size_t first, size_t 
       (void)convert(TensorView(o, dtype, {static_cast<int64_t>(m)}), TensorView(got, DType::kF32, {static_cast<int64_t>(m)}));
     }
     for (size_t i = 0; i < m; ++i) {
-      float want = 0;
-      for (int r : ranks) want += exact_value(r, it, first + at + i);
-      if (got[i] != want) {
-        return fmt::format("{}: element {} is {}, the sum is {} (iteration {})", what, first + at + i, got[i], want, it);
+      float want = op == ReduceOp::kSum || op == ReduceOp::kAvg ? 0.0f : exact_value(ranks.front(), it, first + at + i);
+      for (int r : ranks) {
+        const float v = exact_value(r, it, first + at + i);
+        if (op == ReduceOp::kMin) want = std::min(want, v);
+        else if (op == ReduceOp::kMax) want = std::max(want, v);
+        else want += v;
+      }
+      bool right = got[i] == want;
+      if (op == ReduceOp::kAvg) {
+        want /= static_cast<float>(ranks.size());
+        right = std::abs(got[i] - want) <= avg_slack * std::max(1.0f, std::abs(want));
+      }
+      if (!right) {
+        return fmt::format("{}: element {} is {}, the {} is {} (iteration {})", what, first + at + i, got[i],
+                           op == ReduceOp::kSum ? "sum" : op == ReduceOp::kAvg ? "average" : op == ReduceOp::kMin ? "minimum" : "maximum",
+                           want, it);
       }
     }
   }
@@ -89,6 +105,8 @@ class ReduceCase : public Case {
     op = scatter ? "reduce_scatter" : "all_reduce";
     impl = schedule == Schedule::kAuto ? "fastgather" : to_string(schedule);
     options_.schedule = schedule;
+    options_.op = s.reduce_op;
+    asked_ = s.reduce_op;
     m = s.m;
     dtype = s.dtype;
     count_ = static_cast<size_t>(s.m * s.hidden);
@@ -120,7 +138,8 @@ class ReduceCase : public Case {
   void rewrite(uint64_t it) override { rewrite_lines(ins_[it % ins_.size()].data(), ins_[it % ins_.size()].nbytes()); }
   std::string verify(uint64_t it) override {
     const size_t first = scatter_ ? static_cast<size_t>(g_.rank()) * out_count_ : 0;
-    return check_exact_sums(dtype, outs_[it % outs_.size()].data(), first, out_count_, g_.ranks(), it, op + "/" + impl);
+    return check_exact_sums(dtype, outs_[it % outs_.size()].data(), first, out_count_, g_.ranks(), it, op + "/" + impl,
+                            asked_);
   }
 
  private:
@@ -128,6 +147,7 @@ class ReduceCase : public Case {
   bool scatter_;
   size_t count_ = 0, out_count_ = 0;
   ReduceOptions options_;
+  ReduceOp asked_ = ReduceOp::kSum;  // what the outputs are checked against (the call's own is options_.op)
   std::vector<Tensor> ins_, outs_;
 };
 

@@ -25,9 +25,11 @@ void fill_exact(DType dtype, void* dst, size_t count, int rank, uint64_t it);
 // One store to every cache line of [data, data + bytes), each byte kept.
 void rewrite_lines(void* data, size_t bytes);
 // "" when out[j] is the sum over `ranks` of exact_value(r, it, first + j) for
-// every j < count; else the first wrong element, in words.
+// every j < count (or their minimum, maximum: exact too; their average: the
+// sum over their number, within the dtype's rounding); else the first wrong
+// element, in words.
 std::string check_exact_sums(DType dtype, const void* out, size_t first, size_t count, const std::vector<int>& ranks,
-                             uint64_t it, const std::string& what);
+                             uint64_t it, const std::string& what, ReduceOp op = ReduceOp::kSum);
 
 // count floats as `dtype` (fp32, fp16 or bf16; round to nearest even).
 void store_floats(DType dtype, const float* src, void* dst, size_t count);
