@@ -510,12 +510,11 @@ def errors(rank, world):
     outs = [torch.empty(3) for _ in range(world)]
     dist.all_gather(outs, x, group=fg)
     check([o[0].item() for o in outs] == [float(r) for r in range(world)], "group unusable after a mismatch")
-    # A tensor it does not serve (sparse) is named, on the rank that passed it.
-    try:
-        dist.all_reduce(torch.zeros(4, 2).to_sparse(), group=fg)
-        raise AssertionError("a sparse all_reduce did not raise")
-    except ValueError as e:
-        check("all_reduce" in str(e) and "sparse" in str(e), f"sparse: {e}")
+    # What it does not serve is named, on the rank that asked: a sparse tensor with another
+    # reduction than SUM (gloo sums sparse tensors only).
+    msg = raises("a sparse all_reduce with MAX", NotImplementedError,
+                 lambda: dist.all_reduce(torch.zeros(4, 2).to_sparse(), op=dist.ReduceOp.MAX, group=fg))
+    check("sparse" in msg and "SUM" in msg, f"sparse MAX: {msg}")
     # Wrong local arguments are refused before any communication, on the rank that passed them.
     try:
         dist.all_gather_into_tensor(torch.empty(world * 4 + 1), torch.zeros(4), group=fg)
