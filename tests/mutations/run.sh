@@ -126,7 +126,7 @@ MUTATIONS=(
   "convert treats empty views like any other|src/ops/convert.cpp|s/  if \(n == 0\) return Status::Ok\(\);[^\n]*\n//|test_tensor|Convert.EmptyViewsWithoutMemoryAreFineAndNullOnesWithElementsRefused"
   "Tensor::allocate calls a bad shape a lack of memory|src/core/tensor.cpp|s/return Status\{ErrorKind::kInvalidArgument, checked\.status\(\)\.message\(\)\};/return Status{ErrorKind::kResourceExhausted, checked.status().message()};/|test_jobs|Environment.TensorAllocateReturnsTheErrorAsAStatus"
   "a wait for a peer on the same CPU spins first all the same|src/engine/driver.cpp|s/if \(opt_\.policy\.adapt && w->comes_from_cpu\(::sched_getcpu\(\)\)\)/if (false)/|test_waiting|Waiting.AWaitForAPeerOnTheSameCpuSkipsTheSpin"
-  "a post does not say which CPU it came from|src/transport/shm_channel.cpp|s/w\.cpu\.store\(cpu, std::memory_order_relaxed\);//|test_shm_channel|ShmChannel.APostSaysWhichCpuItCameFrom"
+  "a post does not say which CPU it came from|src/transport/shm_channel.cpp|s/ctl\(me_\)\.wake\.cpu\.store\(cpu, std::memory_order_relaxed\);//|test_shm_channel|ShmChannel.APostSaysWhichCpuItCameFrom"
   "a member waits for the peers on its CPU in turn with the others|src/algo/allgather.cpp|s/if \(my_cpu >= 0 && cpu_of\(peer\) == my_cpu\) out\[k\+\+\] = peer;//|test_algo|PeerOrder.*"
   "fg-bench counts every iteration evenly placed|tools/fg-bench/host.cpp|s/if \(n > fair\) return false;//|test_bench|Placement.*:FgBench.RanksHeldOnOneCpuAreReportedUnevenlyPlaced"
   "fg-bench never waits for an even placement|tools/fg-bench/runner.cpp|s/const bool more = std::find\(even\.begin\(\), even\.end\(\), false\) != even\.end\(\) && us_since\(t0\) < most_us;/const bool more = false;/|test_bench|FgBench.RanksHeldOnOneCpuAreReportedUnevenlyPlaced"
