@@ -382,7 +382,7 @@ Result<uint64_t> NetChannel::recv_message(int from, uint32_t message, std::span<
 }
 
 namespace {
-// The op known by `id` in `list`, or null.
+// The op known by `id` in `list`, or list.end().
 std::vector<std::unique_ptr<Op>>::iterator find_id(std::vector<std::unique_ptr<Op>>& list, uint64_t id) {
   return std::find_if(list.begin(), list.end(), [id](const auto& o) { return o->id == id; });
 }
