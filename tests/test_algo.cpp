@@ -13,6 +13,7 @@
 #include "algo/lockstep.hpp"
 #include "algo/plan.hpp"
 #include "algo/thresholds.hpp"
+#include "transport/net_channel.hpp"
 #include "transport/shm_channel.hpp"
 
 #include <fmt/format.h>
@@ -35,6 +36,7 @@ GroupShape shape(std::vector<int> servers, bool single_copy = true, bool heap = 
              .pipeline_bytes = 64 << 10,
              .reads_peer_memory = single_copy,
              .shared_heap = heap};
+  g.net = fastgather::transport::NetChannel::capabilities();
   g.label = "group [test]";
   return g;
 }
@@ -227,7 +229,13 @@ TEST(Plan, TheArchitectureTableIsThePlansRules) {
   std::ifstream f(std::string(FG_SOURCE_DIR) + "/docs/architecture.md");
   std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::string expected;
-  for (const PlanRow& row : plan_table()) {
+  // The channels a communicator makes: shared memory within a server (its
+  // default ring), UCX between servers.
+  const fastgather::transport::Capabilities within = {
+      .inline_bytes = fastgather::transport::kInlineBytes,
+      .max_step_bytes = fastgather::transport::ShmChannel::max_step_bytes_for(default_settings().ring_bytes),
+      .pipeline_bytes = 64 << 10};
+  for (const PlanRow& row : plan_table(within, fastgather::transport::NetChannel::capabilities())) {
     expected += fmt::format("| {} | {} | {} |\n", row.when, row.plan, row.cost);
     const CallPlan p = plan_call(row.group, row.example);
     ASSERT_TRUE(p.error.ok()) << row.when << ": " << p.error.to_string();
@@ -366,12 +374,14 @@ TEST(ScheduleChoice, DirectWhenSmallOrOnePerServerHierarchicalWhenLarge) {
 
 TEST(NetPieces, WholeRowsAndAtMost65536Pieces) {
   const size_t mib = size_t{1} << 20;
-  EXPECT_EQ(net_piece_bytes(100, 1, mib), mib);
-  EXPECT_EQ(net_piece_bytes(100, 1, 100), 4096u);                           // at least 4 KiB
-  EXPECT_EQ(net_piece_bytes(size_t{8} << 20, 3000, mib) % 3000, 0u);        // whole rows
-  EXPECT_EQ(net_piece_bytes(100, size_t{3} << 20, mib), size_t{3} << 20);   // a row larger than a piece
-  const size_t huge = size_t{1} << 37;                                       // 128 GiB: pieces grow
-  EXPECT_LE((huge + net_piece_bytes(huge, 1, mib) - 1) / net_piece_bytes(huge, 1, mib), size_t{1} << 16);
+  const uint32_t most = fastgather::transport::NetChannel::capabilities().max_pieces;
+  EXPECT_EQ(net_piece_bytes(100, 1, mib, most), mib);
+  EXPECT_EQ(net_piece_bytes(100, 1, 100, most), 4096u);                           // at least 4 KiB
+  EXPECT_EQ(net_piece_bytes(size_t{8} << 20, 3000, mib, most) % 3000, 0u);        // whole rows
+  EXPECT_EQ(net_piece_bytes(100, size_t{3} << 20, mib, most), size_t{3} << 20);   // a row larger than a piece
+  const size_t huge = size_t{1} << 37;                                             // 128 GiB: pieces grow
+  EXPECT_LE((huge + net_piece_bytes(huge, 1, mib, most) - 1) / net_piece_bytes(huge, 1, mib, most), size_t{most});
+  EXPECT_EQ(net_piece_bytes(huge, 1, mib, 0), mib);  // a channel that numbers any count: pieces stay as configured
 }
 
 // Every threshold a plan reads is cited to a heading of the document that

@@ -12,8 +12,11 @@
 
 #include <fmt/format.h>
 
+#include "core/group_impl.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
+#include "transport/channel.hpp"
+#include "transport/net_channel.hpp"
 
 using namespace fastgather;
 
@@ -192,6 +195,84 @@ TEST(Exchanges, AcrossServersEveryByte) {
     fgtest::expect_all_ok(fgtest::run_job(world, [](const Config& c) {
       return every_exchange(c, {0, 33, 70001}, false);
     }, o));
+  }
+}
+
+// Across servers a member is sent only what it keeps: what each member puts
+// on the wire for a gather, a scatter (both forms) and an even all_to_all is
+// one header to every member on another server, and behind it that member's
+// part alone (one piece each at these sizes). Before, every block went to
+// every member on another server: n times the bytes.
+std::string only_parts_on_the_wire(const Config& c) {
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  Group& g = (*comm)->world();
+  const int n = g.size(), me = g.rank();
+  const size_t nn = static_cast<size_t>(n);
+  const algo::Topology& topo = impl_of(g)->shape.topo;
+  transport::NetChannel& net = *impl_of(g)->net;
+  // The bytes this member puts on the wire for `op`, against one header and
+  // part(d) bytes to each member d on another server.
+  auto wire = [&](const char* what, auto&& op, auto&& part) -> std::string {
+    const uint64_t before = net.bytes_sent();
+    if (Status s = op(); !s.ok()) return fmt::format("rank {}: {}: {}", me, what, s.to_string());
+    const uint64_t sent = net.bytes_sent() - before;
+    uint64_t expected = 0;
+    for (int d = 0; d < n; ++d) {
+      if (!topo.local(d)) expected += sizeof(transport::PostHeader) + part(d);
+    }
+    if (sent != expected) return fmt::format("rank {}: {} put {} bytes on the wire, not {}", me, what, sent, expected);
+    return "";
+  };
+  const size_t bytes = 70001;
+  for (int root : {0, n - 1}) {
+    Tensor in = Tensor::empty(DType::kU8, {static_cast<int64_t>(bytes)});
+    fill(in.data(), bytes, me, root, 1);
+    Tensor out = Tensor::empty(DType::kU8, {me == root ? static_cast<int64_t>(bytes * nn) : 0});
+    std::string bad = wire("gather", [&] { return gather(g, in.view(), out.view(), root); },
+                           [&](int d) -> uint64_t { return d == root ? bytes : 0; });
+    if (!bad.empty()) return bad;
+    for (int m = 0; me == root && m < n; ++m) {
+      const long long at = wrong(static_cast<std::byte*>(out.data()) + static_cast<size_t>(m) * bytes, bytes, m, root, 1);
+      RANK_CHECK(at < 0, "gather to root {}: rank {}'s block wrong at byte {}", root, m, at);
+    }
+    Tensor all = Tensor::empty(DType::kU8, {me == root ? static_cast<int64_t>(bytes * nn) : 0});
+    for (int j = 0; me == root && j < n; ++j) fill(static_cast<std::byte*>(all.data()) + static_cast<size_t>(j) * bytes, bytes, root, j, 2);
+    bad = wire("scatter", [&] { return scatter(g, all.view(), in.view(), root); },
+               [&](int) -> uint64_t { return me == root ? bytes : 0; });
+    if (!bad.empty()) return bad;
+    const long long at = wrong(in.data(), bytes, root, me, 2);
+    RANK_CHECK(at < 0, "scatter from root {}: wrong at byte {}", root, at);
+    std::vector<TensorView> chunks;
+    for (int j = 0; me == root && j < n; ++j) {
+      chunks.push_back(TensorView(static_cast<std::byte*>(all.data()) + static_cast<size_t>(j) * bytes, DType::kU8,
+                                  {static_cast<int64_t>(bytes)}));
+    }
+    bad = wire("scatter(list)", [&] { return scatter(g, std::span<const TensorView>(chunks), in.view(), root); },
+               [&](int) -> uint64_t { return me == root ? bytes : 0; });
+    if (!bad.empty()) return bad;
+  }
+  const size_t split = 3001;
+  Tensor send = Tensor::empty(DType::kU8, {static_cast<int64_t>(split * nn)});
+  for (int d = 0; d < n; ++d) fill(static_cast<std::byte*>(send.data()) + static_cast<size_t>(d) * split, split, me, d, 3);
+  Tensor recv = Tensor::empty(DType::kU8, {static_cast<int64_t>(split * nn)});
+  const std::string bad = wire("all_to_all", [&] { return all_to_all(g, send.view(), recv.view()); },
+                               [&](int) -> uint64_t { return split; });
+  if (!bad.empty()) return bad;
+  for (int m = 0; m < n; ++m) {
+    const long long at = wrong(static_cast<std::byte*>(recv.data()) + static_cast<size_t>(m) * split, split, m, me, 3);
+    RANK_CHECK(at < 0, "all_to_all: rank {}'s split wrong at byte {}", m, at);
+  }
+  return "";
+}
+
+TEST(Exchanges, AcrossServersEachMemberIsSentOnlyItsPart) {
+  for (int world : {4, 2}) {
+    fgtest::JobOptions o;
+    o.servers = 2;
+    o.token = "exchanges-parts";
+    o.timeout = std::chrono::milliseconds(20000);
+    fgtest::expect_all_ok(fgtest::run_job(world, only_parts_on_the_wire, o));
   }
 }
 

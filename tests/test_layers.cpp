@@ -92,9 +92,16 @@ const std::map<std::string, int> kAlgoLevel = {
     {"across", 5},
 };
 
+// What a schedule may know of the transports: the one channel interface
+// (and the capabilities and symmetric heap it names). Only the composition
+// across servers (across.*) knows a channel of its own, the one between servers.
+const std::set<std::string> kScheduleSees = {"channel", "capabilities", "shm_heap"};
+const std::set<std::string> kKnowsTransports = {"across"};
+
 std::vector<std::string> algo_violations(const fs::path& root = FG_SOURCE_DIR) {
   std::vector<std::string> bad;
   const std::regex include(R"re(^\s*#\s*include\s*"algo/([^"/]+)\.hpp")re");
+  const std::regex transport_include(R"re(^\s*#\s*include\s*"transport/([^"/]+)\.hpp")re");
   for (const auto& entry : fs::directory_iterator(root / "src" / "algo")) {
     const std::string stem = entry.path().stem().string();
     auto level = kAlgoLevel.find(stem);
@@ -106,8 +113,15 @@ std::vector<std::string> algo_violations(const fs::path& root = FG_SOURCE_DIR) {
     std::string line;
     for (int n = 1; std::getline(f, line); ++n) {
       std::smatch m;
-      if (!std::regex_search(line, m, include)) continue;
       const std::string where = "src/algo/" + entry.path().filename().string() + ":" + std::to_string(n);
+      if (std::regex_search(line, m, transport_include)) {
+        if (!kScheduleSees.contains(m[1]) && !kKnowsTransports.contains(stem)) {
+          bad.push_back(where + " includes transport/" + std::string(m[1]) +
+                        ".hpp: only the composition across servers knows a channel by name");
+        }
+        continue;
+      }
+      if (!std::regex_search(line, m, include)) continue;
       auto target = kAlgoLevel.find(m[1]);
       if (target == kAlgoLevel.end()) {
         bad.push_back(where + " includes algo/" + std::string(m[1]) + ".hpp, which has no level");
@@ -139,6 +153,7 @@ std::string joined(const std::vector<std::string>& bad) {
 
 }  // namespace
 
+// Also: no schedule names a transport (only the channel interface).
 TEST(Layers, NothingInAlgoIncludesUpward) {
   const auto bad = algo_violations();
   const std::string all = joined(bad);
@@ -146,15 +161,23 @@ TEST(Layers, NothingInAlgoIncludesUpward) {
 }
 
 // The same check fails on a copy where the plan reaches into a schedule
-// across servers, and on a file it does not know.
+// across servers, on a file it does not know, and on schedules that name a
+// transport's own channel.
 TEST(Layers, TheAlgoCheckCatchesAnIncludeThatGoesUp) {
   const fs::path root = copy_of_src("fg_algo_layers_");
   { std::ofstream(root / "src" / "algo" / "plan.cpp", std::ios::app) << "#include \"algo/across.hpp\"\n"; }
   { std::ofstream(root / "src" / "algo" / "zz_probe.hpp") << "\n"; }
+  // A schedule that names the shared-memory channel, and one that names UCX's.
+  { std::ofstream(root / "src" / "algo" / "reduce.cpp", std::ios::app) << "#include \"transport/shm_channel.hpp\"\n"; }
+  { std::ofstream(root / "src" / "algo" / "allgather.hpp", std::ios::app) << "#include \"transport/net_channel.hpp\"\n"; }
   const auto bad = algo_violations(root);
   fs::remove_all(root);
   const std::string all = joined(bad);
-  ASSERT_EQ(bad.size(), 2u) << all;
+  ASSERT_EQ(bad.size(), 4u) << all;
+  EXPECT_NE(all.find("src/algo/reduce.cpp:"), std::string::npos) << all;
+  EXPECT_NE(all.find("includes transport/shm_channel.hpp: only the composition"), std::string::npos) << all;
+  EXPECT_NE(all.find("src/algo/allgather.hpp:"), std::string::npos) << all;
+  EXPECT_NE(all.find("includes transport/net_channel.hpp: only the composition"), std::string::npos) << all;
   EXPECT_NE(all.find("src/algo/plan.cpp:"), std::string::npos) << all;
   EXPECT_NE(all.find("(level 2) includes algo/across.hpp (level 5)"), std::string::npos) << all;
   EXPECT_NE(all.find("src/algo/zz_probe.hpp has no level"), std::string::npos) << all;

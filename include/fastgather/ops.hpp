@@ -187,9 +187,10 @@ Status broadcast(Group& group, const TensorView& data, int root);
 
 // Rooted and personalised exchanges, on the all-gather's schedule: within a
 // server each member copies its bytes into shared memory once and each reader
-// copies out only its part; across servers every block still reaches every
-// member (n times the bytes between servers that a schedule of their own
-// would send). Every member must pass the same root (else kMismatch).
+// copies out only its part; across servers a member on another server is sent
+// only its part (the root each block of a gather, each member its chunk of a
+// scatter and its split of an all_to_all), straight into its output. Every
+// member must pass the same root (else kMismatch).
 //
 // gather: output (group rank root only; ignored elsewhere) holds group.size()
 // blocks of input's size, back to back: block m is group rank m's input.

@@ -160,6 +160,17 @@ class Across {
   int me() const { return net_.me(); }
   // The pieces of member's block (uneven blocks: each its own size).
   Pieces pieces(int member) const { return {call_.block(member), plan_.net_piece}; }
+  // The bytes of owner's block that reader keeps (GatherCall::part), and their pieces.
+  struct Part {
+    size_t offset;
+    Pieces pieces;
+  };
+  Part part(int owner, int reader) const {
+    if (call_.part == nullptr) return {0, pieces(owner)};
+    size_t offset = 0;
+    const size_t len = (*call_.part)(owner, reader, &offset);
+    return {offset, {len, plan_.net_piece}};
+  }
 
   // The server-local phase: the one-shot gather over shared memory, with
   // member indices translated to the group's. keep: also leave each block in
@@ -228,12 +239,28 @@ class Across {
   // Direct: every member sends its block to every member on other servers,
   // posts receives for theirs straight into their landing places, and runs
   // the server-local gather while the network works.
+  // With parts (GatherCall::part), each member on another server is sent
+  // only its part of the block (an empty one: the header alone, so that
+  // every pair still compares calls).
   engine::Task<Status> direct() {
-    if (Status s = post_receives([](int m) { return m; }); !s.ok()) co_return s;
     for (int m = 0; m < topo_.members(); ++m) {
       if (topo_.local(m)) continue;
-      for (uint32_t p = 0; p < pieces(me()).count(); ++p) {
-        if (Status s = send_piece(m, me(), p, call_.input); !s.ok()) co_return s;
+      const Part in = part(m, me());
+      for (uint32_t p = 0; p < in.pieces.count(); ++p) {
+        const size_t len = in.pieces.length(p);
+        // With parts, landing(m) is where m's part for this member goes.
+        const size_t at = (call_.part != nullptr ? 0 : in.offset) + in.pieces.offset(p);
+        ex_->expect(m, m, p, len == 0 ? nullptr : landing(m, at), len);
+      }
+    }
+    if (Status s = ex_->post_receives(); !s.ok()) co_return s;
+    for (int m = 0; m < topo_.members(); ++m) {
+      if (topo_.local(m)) continue;
+      const Part out = part(me(), m);
+      for (uint32_t p = 0; p < out.pieces.count(); ++p) {
+        const size_t len = out.pieces.length(p);
+        const std::byte* src = len == 0 ? nullptr : call_.input + out.offset + out.pieces.offset(p);
+        if (Status s = ex_->send(m, me(), p, src, len); !s.ok()) co_return s;
       }
     }
     if (Status s = co_await timed_local_phase(false); !s.ok()) co_return s;
@@ -241,7 +268,9 @@ class Across {
       auto got = co_await ex_->next();
       if (!got.ok()) co_return got.status();
       const Exchange::Message& m = *got.value();
-      if (m.len != 0) sink_(m.owner, pieces(m.owner).offset(m.piece), m.dst, m.len);
+      if (m.len == 0) continue;
+      const Part in = part(m.owner, me());
+      sink_(m.owner, in.offset + in.pieces.offset(m.piece), m.dst, m.len);
     }
     co_return co_await ex_->sends_done();
   }

@@ -59,9 +59,17 @@ struct GatherCall {
   size_t bytes = 0;             // per member (uneven blocks: the largest)
   // Uneven blocks (all_gather_v): member m's block is sizes[m] bytes, and
   // aux names the list (members must agree on it). Null: every block is
-  // `bytes`. One server only.
+  // `bytes`.
   const size_t* sizes = nullptr;
   size_t block(int member) const { return sizes != nullptr ? sizes[static_cast<size_t>(member)] : bytes; }
+  // Which bytes of member `owner`'s block member `reader` keeps: (*part)(owner,
+  // reader, &offset) is their length, from offset in the block; the same
+  // answer on every member. Across servers such a call runs direct and sends
+  // a member on another server only its part (gather: the blocks to the root;
+  // scatter: each its chunk; all_to_all: each its split), and with parts
+  // `landing` says where a member's part (not its block) lands. Null: every
+  // member keeps every block.
+  FunctionRef<size_t(int owner, int reader, size_t* offset)>* part = nullptr;
   size_t align = 1;             // every piece is a multiple of this (a row)
   Schedule schedule = Schedule::kAuto;  // as asked (plan_call decides what runs)
   // Where member m's block ends up (the sink puts it there). The ring reads

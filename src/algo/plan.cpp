@@ -6,7 +6,6 @@
 
 #include "fastgather/dtype.hpp"
 #include "fastgather/reduce_op.hpp"
-#include "transport/shm_channel.hpp"  // plan_table()'s examples: the shared-memory channel's sizes
 
 namespace fastgather::algo {
 
@@ -157,11 +156,13 @@ bool same_members_per_server(const Topology& topo) {
 // A group with one member on each server runs the schedules written for one
 // server over the steps between them: the same one-shot, ring and two-shot,
 // the same bits. The schedules across servers keep what is asked of them by
-// name (direct, hierarchical) and the fused matmul_reduce_scatter, whose
-// pieces are made as they are sent.
+// name (direct, hierarchical), the fused matmul_reduce_scatter, whose
+// pieces are made as they are sent, and the calls whose members keep parts
+// of the blocks (GatherCall::part: direct).
 bool runs_over_steps(const GroupShape& g, const GatherCall& call) {
   if (g.topo.servers() < 2 || !g.topo.one_per_server() || g.steps.max_step_bytes == 0) return false;
   if (call.op == OpCode::kMatmulReduceScatter) return false;
+  if (call.part != nullptr) return false;  // direct: each member sent only its part
   return call.schedule != Schedule::kDirect && call.schedule != Schedule::kHierarchical;
 }
 
@@ -235,7 +236,10 @@ CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
       return refuse("the ring schedule runs within one server; a group across servers runs direct or hierarchical");
     }
     if (call.bytes != 0 && call.landing == nullptr) return refuse("this op keeps no copy of the gathered blocks");
-    p.schedule = choose_schedule(topo, call.bytes, call.schedule, settings.hier_min_bytes);
+    // Members that keep parts of the blocks are sent only those, from their
+    // owners: nothing to relay.
+    p.schedule = call.part != nullptr ? Schedule::kDirect
+                                      : choose_schedule(topo, call.bytes, call.schedule, settings.hier_min_bytes);
     p.net_piece = net_piece_bytes(call.bytes, call.align, settings.net_piece_bytes, g.net.max_pieces);
   } else {
     // A ring of two is the one-shot; the ring forwards blocks read back from
@@ -322,18 +326,22 @@ std::string size_words(size_t b) {
   return fmt::format("{} bytes", b);
 }
 
-GroupShape example_group(std::vector<int> servers, bool single_copy = true, bool heap = false) {
+// The examples' channels: what plan_table()'s caller says they can do.
+struct Channels {
+  transport::Capabilities within, between;
+};
+
+GroupShape example_group(const Channels& ch, std::vector<int> servers, bool single_copy = true, bool heap = false) {
   GroupShape g;
   g.topo = Topology::of(servers, 0);
+  g.net = ch.between;
   if (g.topo.one_per_server()) {  // as a communicator makes them (NetSteps)
-    const size_t step = net_piece_bytes(0, 64, default_settings().net_piece_bytes);
+    const size_t step = net_piece_bytes(0, 64, default_settings().net_piece_bytes, ch.between.max_pieces);
     g.steps = {.max_step_bytes = step, .pipeline_bytes = step};
   }
-  g.local = {.inline_bytes = transport::kInlineBytes,
-             .max_step_bytes = transport::ShmChannel::max_step_bytes_for(default_settings().ring_bytes),
-             .pipeline_bytes = 64 << 10,
-             .reads_peer_memory = single_copy,
-             .shared_heap = heap};
+  g.local = ch.within;
+  g.local.reads_peer_memory = single_copy;
+  g.local.shared_heap = heap;
   g.label = "example";
   return g;
 }
@@ -349,6 +357,19 @@ GatherCall example_call(size_t bytes, Schedule asked = Schedule::kAuto, bool kee
   return c;
 }
 
+// A call whose members keep parts of the blocks (a gather to member 0).
+GatherCall example_parts(size_t bytes) {
+  static auto to_first = [](int, int reader, size_t* offset) -> size_t {
+    *offset = 0;
+    return reader == 0 ? 1 : 0;
+  };
+  static FunctionRef<size_t(int, int, size_t*)> parts(to_first);
+  GatherCall c = example_call(bytes);
+  c.op = OpCode::kGather;
+  c.part = &parts;
+  return c;
+}
+
 // keeps: as the one-shot across servers calls the all-gather (its inputs kept).
 GatherCall example_sum(OpCode op, size_t bytes, bool keeps = false) {
   GatherCall c = example_call(bytes, Schedule::kAuto, keeps);
@@ -359,70 +380,77 @@ GatherCall example_sum(OpCode op, size_t bytes, bool keeps = false) {
 
 }  // namespace
 
-std::vector<PlanRow> plan_table() {
+std::vector<PlanRow> plan_table(const transport::Capabilities& within, const transport::Capabilities& between) {
   const Settings& d = default_settings();
+  const Channels ch{within, between};
+  const size_t inline_bytes = within.inline_bytes;
   const std::vector<int> one_server = {0, 0, 0}, two_servers = {0, 0, 1, 1};
   return {
+      {"across servers, an op whose members keep parts of the blocks (gather, scatter, all_to_all)",
+       "schedule: direct",
+       "a member on another server is sent only its part (the root each block of a gather, each member its chunk of "
+       "a scatter and its split of an all_to_all), straight where it goes; within each server the rows of one server",
+       example_parts(d.hier_min_bytes), example_group(ch, {0, 1, 2})},
       {"across servers, one member on each, neither direct nor hierarchical asked for, any op but "
        "matmul_reduce_scatter", "over the steps between servers, planned by the rows of one server below",
        fmt::format("a step is a UCX message to each peer of what it reads (a ring step's bytes to the next member "
                    "only, a reduce-scatter step's piece to its member), sent from where it lies and received where it "
                    "lands, at most {} (`FG_NET_PIECE_BYTES` of group rank 0); nothing inline, no single copy, no heap; "
                    "the sums of two members one-shot at every size", size_words(d.net_piece_bytes)),
-       example_sum(OpCode::kAllReduce, 4096), example_group({0, 1, 2})},
+       example_sum(OpCode::kAllReduce, 4096), example_group(ch, {0, 1, 2})},
       {"one server, the ring asked for, 3+ members, an op that keeps the blocks", "schedule: ring",
        "n-1 steps, each member forwarding one block",
-       example_call(4096, Schedule::kRing), example_group(one_server)},
+       example_call(4096, Schedule::kRing), example_group(ch, one_server)},
       {"one server, otherwise", "schedule: one-shot", "every member's block to every peer in the same steps",
-       example_call(4096, Schedule::kRing, false), example_group(one_server)},
+       example_call(4096, Schedule::kRing, false), example_group(ch, one_server)},
       {fmt::format("across servers: 0 bytes; direct asked for; or, unless hierarchical was asked for, one member "
                    "per server or under {} per member (`FG_HIER_MIN_BYTES`)", size_words(d.hier_min_bytes)),
        "schedule: direct", "every block sent to every member on another server",
-       example_call(d.hier_min_bytes - 1), example_group(two_servers)},
+       example_call(d.hier_min_bytes - 1), example_group(ch, two_servers)},
       {"across servers, otherwise", "schedule: hierarchical",
        "gather within servers, one leader per server exchanges, relays through its ring",
-       example_call(d.hier_min_bytes), example_group(two_servers)},
+       example_call(d.hier_min_bytes), example_group(ch, two_servers)},
       {fmt::format("one-shot on one server, >= {} per member (`FG_SINGLE_COPY_MIN_BYTES`), members can read "
                    "each other, an op that keeps the blocks", size_words(d.single_copy_min_bytes)),
        "protocol: single copy (copy-in/copy-out unless every owner's input is in huge pages or its heap, "
        "or `FG_SINGLE_COPY=always`)",
        "one copy (`process_vm_readv`, or `memcpy` from the heap), one more step",
-       example_call(d.single_copy_min_bytes), example_group(one_server)},
-      {fmt::format("<= {} per member", size_words(transport::kInlineBytes)), "protocol: inline",
-       "one cache-line transfer per peer", example_call(transport::kInlineBytes), example_group(one_server)},
+       example_call(d.single_copy_min_bytes), example_group(ch, one_server)},
+      {fmt::format("<= {} per member", size_words(inline_bytes)), "protocol: inline",
+       "one cache-line transfer per peer", example_call(inline_bytes), example_group(ch, one_server)},
       {"larger", "protocol: copy-in/copy-out, in pipeline steps", "two copies, no barrier",
-       example_call(transport::kInlineBytes + 1), example_group(one_server)},
+       example_call(inline_bytes + 1), example_group(ch, one_server)},
       {fmt::format(">= {} per member (an all_reduce within one server whose job's ranks outnumber its cores: >= {}), "
                    "the group has a symmetric heap", size_words(kInPlaceMinBytes),
                    size_words(kInPlaceMinBytesAllReduceOutnumbered)),
        "in place where an input lies in its owner's heap (`Group::empty`): posted there, peers read it there",
-       "one copy, one more step", example_call(kInPlaceMinBytes), example_group(one_server, false, true)},
+       "one copy, one more step", example_call(kInPlaceMinBytes), example_group(ch, one_server, false, true)},
       {"sums (reduce_scatter, all_reduce) across servers, as many members on every server, auto or hierarchical "
        "asked", "schedule: hierarchical",
        fmt::format("each member sums 1/L of its server's inputs (L members; fp16/bf16 in fp32), exchanges these "
                    "partial sums with the same member of every other server and sums them in server order; all_reduce: "
                    "the sums shared within the server (up to {} per member: each member sums all of its server's "
                    "inputs and exchanges them whole, nothing to share)", size_words(kSumWholeMaxBytes)),
-       example_sum(OpCode::kAllReduce, 4096), example_group(two_servers)},
+       example_sum(OpCode::kAllReduce, 4096), example_group(ch, two_servers)},
       {"sums across servers, one-shot asked or servers with different numbers of members",
        "the all-gather's rows above for the inputs, then each member's sums",
        "every input to every member on another server", example_sum(OpCode::kReduceScatter, 4096, true),
-       example_group({0, 0, 1})},
+       example_group(ch, {0, 0, 1})},
       {fmt::format("sums within one server: all_reduce of 3+ members, >= {} per member ({} where the job's ranks "
                    "on the server outnumber its cores), or of 2 members, >= {}; two-shot or auto asked",
                    size_words(kTwoShotMinBytes), size_words(kTwoShotMinBytesOutnumbered),
                    size_words(kTwoShotMinBytesTwoMembers)),
        "schedule: two-shot", "each member sums its 1/n chunk of every input, then copies every other member's summed chunk",
-       example_sum(OpCode::kAllReduce, kTwoShotMinBytes), example_group(one_server)},
+       example_sum(OpCode::kAllReduce, kTwoShotMinBytes), example_group(ch, one_server)},
       {"sums, otherwise", "schedule: one-shot",
        "reduce_scatter: each member sums its chunk of every input; all_reduce: each member sums every input whole",
-       example_sum(OpCode::kReduceScatter, 4096), example_group(one_server)},
-      {fmt::format("sums, one-shot, <= {} per member", size_words(transport::kInlineBytes)), "protocol: inline",
-       "one cache-line transfer per peer", example_sum(OpCode::kAllReduce, transport::kInlineBytes), example_group(one_server)},
+       example_sum(OpCode::kReduceScatter, 4096), example_group(ch, one_server)},
+      {fmt::format("sums, one-shot, <= {} per member", size_words(inline_bytes)), "protocol: inline",
+       "one cache-line transfer per peer", example_sum(OpCode::kAllReduce, inline_bytes), example_group(ch, one_server)},
       {"sums, larger", "protocol: copy-in/copy-out, in steps",
        "a reduce-scatter step holds a piece of every other member's chunk (the own chunk never enters the ring); a "
        "one-shot all_reduce step, a piece of the whole input",
-       example_sum(OpCode::kReduceScatter, 4096), example_group(one_server)},
+       example_sum(OpCode::kReduceScatter, 4096), example_group(ch, one_server)},
   };
 }
 

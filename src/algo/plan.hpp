@@ -20,7 +20,6 @@
 #include "algo/thresholds.hpp"
 #include "fastgather/schedule.hpp"
 #include "fastgather/status.hpp"
-#include "transport/net_channel.hpp"
 #include "transport/channel.hpp"
 
 namespace fastgather::algo {
@@ -38,9 +37,10 @@ const char* protocol_name(Protocol p);
 struct GroupShape {
   Topology topo;
   // What the channels can do: among the members on this server (shared
-  // memory), and between servers (UCX).
+  // memory), and between servers (UCX; set by the communicator where the
+  // group spans servers).
   transport::Capabilities local;
-  transport::Capabilities net = transport::NetChannel::capabilities();
+  transport::Capabilities net;
   // Between servers when each holds one member: the steps over UCX
   // (transport/net_steps.hpp) that the schedules within a server run on
   // (max_step_bytes 0: none).
@@ -84,12 +84,15 @@ std::string describe(const GatherCall& call, const transport::PostHeader& h, con
 
 // The rules plan_call follows, in its order, as docs/architecture.md shows
 // them (a test holds the two together); `example` is a call each row decides.
+// The examples' groups have channels that can do what `within` (among the
+// members of a server) and `between` (across servers) say: the caller names
+// the channels, the plan knows none.
 struct PlanRow {
   std::string when, plan, cost;
   GatherCall example;
   GroupShape group;
 };
-std::vector<PlanRow> plan_table();
+std::vector<PlanRow> plan_table(const transport::Capabilities& within, const transport::Capabilities& between);
 
 // The sizes at which a plan changes its mind, each with the benchmark that
 // set it: algo/thresholds.hpp.
@@ -109,8 +112,8 @@ Schedule choose_schedule(const Topology& topo, size_t bytes_per_member, Schedule
 
 // Largest piece a UCX message carries: `configured` (Settings,
 // FG_NET_PIECE_BYTES; at least 4 KiB) in whole rows of `align`, larger where
-// the channel cannot number the pieces (max_pieces: UCX's 16 tag bits).
-size_t net_piece_bytes(size_t bytes, size_t align, size_t configured,
-                       uint32_t max_pieces = transport::NetChannel::capabilities().max_pieces);
+// the channel cannot number the pieces (max_pieces, 0: no limit; UCX's
+// 16 tag bits).
+size_t net_piece_bytes(size_t bytes, size_t align, size_t configured, uint32_t max_pieces);
 
 }  // namespace fastgather::algo

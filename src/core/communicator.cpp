@@ -736,6 +736,7 @@ class GroupBuilder {
                                               me_, addresses, label_);
     if (!net.ok()) return fail(net.status());
     impl->net = std::move(net).value();
+    impl->shape.net = impl->net->capabilities();
     Store* st = c_.store.get();
     std::mutex* mu = &c_.store_mu;
     const std::string fail_key = key_ + "/failure";
@@ -772,7 +773,7 @@ class GroupBuilder {
       // the shared-memory pipeline step is the segment creator's): members
       // whose settings differ still cut every call into the same steps.
       const std::string step_key = key_ + "/steps";
-      std::string step_text = std::to_string(algo::net_piece_bytes(0, 64, c_.settings.net_piece_bytes));
+      std::string step_text = std::to_string(algo::net_piece_bytes(0, 64, c_.settings.net_piece_bytes, impl->shape.net.max_pieces));
       if (me_ == 0) {
         if (Status s = c_.store->set(step_key, step_text); !s.ok()) return fail(s);
       } else {

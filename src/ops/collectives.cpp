@@ -262,9 +262,10 @@ Status check_rooted_list(Group& group, const char* op, std::span<const TensorVie
 // sinks that keep only what is theirs: within a server each member copies its
 // bytes into shared memory once and each reader copies out only its part. A
 // scatter within a server runs the reduce-scatter's steps (scatter_from).
-// Across servers all three are the all-gather's, and every block still
-// reaches every member (kept where `kept` says) - n times the bytes a gather,
-// scatter or all_to_all of its own would move between servers.
+// Across servers all three are the all-gather's direct schedule with parts
+// (algo::GatherCall::part): a member on another server is sent only what it
+// keeps (the root each block of a gather, each member its chunk of a scatter
+// and its split of an all_to_all), straight into where it goes.
 
 // The gather itself, its arguments checked: on the root block m lands at
 // (*at)(m); elsewhere `at` is null.
@@ -273,13 +274,15 @@ engine::Task<Status> gather_to(Group& group, const TensorView& input, int root, 
   const size_t bytes = input.nbytes();
   const bool am_root = group.rank() == root;
   Group::Impl& i = *impl_of(group);
-  // Across servers the schedules keep every block whole: on the others, here.
-  std::vector<std::byte> kept;
-  if (i.net != nullptr && !am_root) kept.resize(bytes * n);
-  auto landing = [&](int member) -> std::byte* {
-    return am_root ? (*at)(member) : kept.data() + static_cast<size_t>(member) * bytes;
-  };
+  // Across servers each block goes to the root alone, into its output.
+  auto landing = [&](int member) -> std::byte* { return am_root ? (*at)(member) : nullptr; };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  auto part = [&](int, int reader, size_t* offset) -> size_t {
+    *offset = 0;
+    return reader == root ? bytes : 0;
+  };
+  algo::FunctionRef<size_t(int, int, size_t*)> part_ref(part);
+  const bool across = i.net != nullptr;
   const bool stream_out = am_root && algo::streams_out(bytes * n, i.settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     if (!am_root) return;
@@ -288,8 +291,8 @@ engine::Task<Status> gather_to(Group& group, const TensorView& input, int root, 
   };
   co_return co_await ops::gather_blocks(group, algo::OpCode::kGather, static_cast<uint32_t>(input.dtype),
                                         static_cast<const std::byte*>(input.data), std::vector<size_t>(n, bytes),
-                                        i.net != nullptr ? &landing_ref : nullptr, stream_out, sink, Schedule::kAuto,
-                                        nullptr, static_cast<uint64_t>(root));
+                                        across ? &landing_ref : nullptr, stream_out, sink, Schedule::kAuto, nullptr,
+                                        static_cast<uint64_t>(root), across ? &part_ref : nullptr);
 }
 
 engine::Task<Status> gather_op(Group& group, const TensorView& input, const TensorView& output, int root) {
@@ -354,8 +357,9 @@ engine::Task<Status> scatter_from(Group& group, const TensorView& output, int ro
     };
     co_return co_await algo::reduce_scatter_produced(*i.channel, call, plan, produce, scratch.data(), take);
   }
-  // Across servers, the all-gather's: the root's block is all of its chunks back
-  // to back (put so here where they do not lie so); everyone else's is empty.
+  // Across servers, the all-gather's direct schedule with parts: the root's
+  // block is all of its chunks back to back (put so here where they do not
+  // lie so), everyone else's is empty, and each member is sent its chunk.
   std::vector<std::byte> joined;
   if (am_root && whole == nullptr) {
     joined.resize(bytes * n);
@@ -364,16 +368,19 @@ engine::Task<Status> scatter_from(Group& group, const TensorView& output, int ro
   }
   std::vector<size_t> sizes(n, 0);
   sizes[static_cast<size_t>(root)] = bytes * n;
-  std::vector<std::byte> kept;
-  if (!am_root) kept.resize(bytes * n);
-  auto landing = [&](int) -> std::byte* { return am_root ? const_cast<std::byte*>(whole) : kept.data(); };
+  auto landing = [&](int member) -> std::byte* { return member == root ? out : nullptr; };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  auto part = [&](int owner, int reader, size_t* offset) -> size_t {
+    *offset = static_cast<size_t>(reader) * bytes;
+    return owner == root ? bytes : 0;
+  };
+  algo::FunctionRef<size_t(int, int, size_t*)> part_ref(part);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
     if (member == root) take_range(off, src, len, me * bytes, (me + 1) * bytes, out, stream_out);
   };
   co_return co_await ops::gather_blocks(group, algo::OpCode::kScatter, static_cast<uint32_t>(output.dtype), whole,
                                         std::move(sizes), &landing_ref, stream_out, sink, Schedule::kAuto, nullptr,
-                                        static_cast<uint64_t>(root));
+                                        static_cast<uint64_t>(root), &part_ref);
 }
 
 engine::Task<Status> scatter_op(Group& group, const TensorView& input, const TensorView& output, int root) {
@@ -428,6 +435,8 @@ engine::Task<Status> all_to_all_op(Group& group, const TensorView& input, const 
   const size_t es = dtype_size(input.dtype);
   // Where member m's bytes for this member lie in its block, and where they go.
   std::vector<size_t> sizes(n), lo(n), len(n), at(n);
+  Splits splits{n, {}};  // with counts: every member's
+  size_t even = 0;       // without: the bytes to each member
   if (send_counts.empty() && recv_counts.empty()) {
     if (input.numel() % static_cast<int64_t>(n) != 0 || output.nbytes() != input.nbytes()) {
       co_return ops::invalid(group, kOp, fmt::format("input {} and output {} must hold the same number of elements, a "
@@ -435,6 +444,7 @@ engine::Task<Status> all_to_all_op(Group& group, const TensorView& input, const 
                                                      input.describe(), output.describe(), n));
     }
     const size_t chunk = input.nbytes() / n;
+    even = chunk;
     for (size_t m = 0; m < n; ++m) {
       sizes[m] = input.nbytes();
       lo[m] = me * chunk;
@@ -461,7 +471,7 @@ engine::Task<Status> all_to_all_op(Group& group, const TensorView& input, const 
                                                      "{} (output {})", sent, input.describe(), received,
                                                      output.describe()));
     }
-    Splits splits{n, std::vector<int64_t>(2 * n * n)};
+    splits.table.assign(2 * n * n, 0);
     std::vector<int64_t> row(send_counts.begin(), send_counts.end());
     row.insert(row.end(), recv_counts.begin(), recv_counts.end());
     const TensorView row_view(row.data(), DType::kI64, {static_cast<int64_t>(2 * n)});
@@ -491,27 +501,33 @@ engine::Task<Status> all_to_all_op(Group& group, const TensorView& input, const 
     }
   }
   Group::Impl& i = *impl_of(group);
-  std::vector<size_t> first(n, 0);
-  size_t others = 0;
-  for (size_t m = 0; m < n; ++m) {
-    first[m] = others;
-    if (m != me) others += sizes[m];
-  }
-  std::vector<std::byte> kept;
-  if (i.net != nullptr) kept.resize(others);
   auto* in = static_cast<std::byte*>(const_cast<void*>(input.data));
-  auto landing = [&](int m) -> std::byte* {
-    return static_cast<size_t>(m) == me ? in : kept.data() + first[static_cast<size_t>(m)];
-  };
-  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   auto* out = static_cast<std::byte*>(output.data);
+  // Across servers each member is sent its split alone, straight into its output.
+  auto landing = [&](int m) -> std::byte* { return out + at[static_cast<size_t>(m)]; };
+  algo::FunctionRef<std::byte*(int)> landing_ref(landing);
+  auto part = [&](int owner, int reader, size_t* offset) -> size_t {
+    const size_t r = static_cast<size_t>(reader);
+    if (splits.table.empty()) {
+      *offset = r * even;
+      return even;
+    }
+    const size_t o = static_cast<size_t>(owner);
+    size_t before = 0;
+    for (size_t j = 0; j < r; ++j) before += static_cast<size_t>(splits.send(o, j));
+    *offset = before * es;
+    return static_cast<size_t>(splits.send(o, r)) * es;
+  };
+  algo::FunctionRef<size_t(int, int, size_t*)> part_ref(part);
+  const bool across = i.net != nullptr;
   const bool stream_out = algo::streams_out(output.nbytes(), i.settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t piece) {
     const size_t m = static_cast<size_t>(member);
     take_range(off, src, piece, lo[m], lo[m] + len[m], out + at[m], stream_out);
   };
   co_return co_await ops::gather_blocks(group, algo::OpCode::kAllToAll, static_cast<uint32_t>(input.dtype), in,
-                                        std::move(sizes), i.net != nullptr ? &landing_ref : nullptr, stream_out, sink);
+                                        std::move(sizes), across ? &landing_ref : nullptr, stream_out, sink,
+                                        Schedule::kAuto, nullptr, 0, across ? &part_ref : nullptr);
 }
 
 engine::Task<Status> barrier_op(Group& group) {

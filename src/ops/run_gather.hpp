@@ -100,10 +100,13 @@ inline engine::Task<Status> run_gather(Group& g, algo::GatherCall call, algo::Ca
 // a mismatch. `landing` (same presence on every member): where each block is
 // kept whole, which single copy and the schedules across servers need; null,
 // then nothing is read by single copy and the group must be on one server.
+// `part` (algo::GatherCall::part): across servers, each member is sent only
+// the bytes of each block it keeps, and `landing` says where they go.
 inline engine::Task<Status> gather_blocks(Group& group, algo::OpCode op, uint32_t dtype, const std::byte* input,
                                           std::vector<size_t> sizes, algo::FunctionRef<std::byte*(int)>* landing,
                                           bool stream_out, algo::PieceSink sink, Schedule schedule = Schedule::kAuto,
-                                          CallStats* stats = nullptr, uint64_t also = 0) {
+                                          CallStats* stats = nullptr, uint64_t also = 0,
+                                          algo::FunctionRef<size_t(int, int, size_t*)>* part = nullptr) {
   uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the sizes, then `also` (a root)
   auto mix = [&hash](uint64_t v) {
     for (int i = 0; i < 8; ++i) hash = (hash ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
@@ -119,6 +122,7 @@ inline engine::Task<Status> gather_blocks(Group& group, algo::OpCode op, uint32_
   call.sizes = sizes.data();
   call.aux = hash;
   call.landing = landing;
+  call.part = part;
   call.copy_in = &impl_of(group)->copy_in;
   call.stream_out = stream_out;
   co_return co_await run_gather(group, call, plan_for(group, call), sink, stats);

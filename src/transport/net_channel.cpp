@@ -290,7 +290,10 @@ Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::s
   if (e.ep == nullptr) return {ErrorKind::kSystem, fmt::format("{}: no endpoint to rank {}", label_, world_ranks_[to])};
   auto op = std::make_unique<Op>();
   op->peer = to;
-  for (const NetIov& v : iov) op->iov.push_back({v.data, v.len});
+  for (const NetIov& v : iov) {
+    op->iov.push_back({v.data, v.len});
+    bytes_sent_.fetch_add(v.len, std::memory_order_relaxed);
+  }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_iov();

@@ -111,6 +111,9 @@ class NetChannel {
   // poll_receive() when a receive completes. Buffers must stay valid until
   // poll_receive()/poll_sends() has reported them, or until the channel broke.
   Status send(int to, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov);
+  // The bytes this member has handed to send() so far, headers included:
+  // what it put on the wire (tests hold the schedules to their byte counts).
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   Status recv(int from, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov, int token);
   struct Completion {
     int token;
@@ -170,6 +173,7 @@ class NetChannel {
   std::string label_;
   Status broken_;
   std::atomic<bool> failed_{false};  // broken_ is written
+  std::atomic<uint64_t> bytes_sent_{0};
   Status ok_;
   // A group's collectives and its sends and receives (each on a queue of
   // their own, engine/driver.hpp) may be driven by different threads at
