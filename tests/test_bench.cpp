@@ -365,6 +365,36 @@ TEST(FgBench, SimulatedServersBesideMpiOverTcp) {
   EXPECT_EQ(out.find("failed"), std::string::npos) << out;
 }
 
+// all_to_all beside MPI_Alltoall and send/recv (a ring shift) beside
+// MPI_Sendrecv, every byte of each checked: on one server (3 ranks: parts of
+// an odd size) and across two simulated servers of two.
+TEST(FgBench, AllToAllAndSendRecvBesideMpiChecked) {
+  if (sanitized()) GTEST_SKIP() << "Open MPI under the sanitizers reports its own leaks";
+  for (const char* layout : {"--dp 3", "--servers 2 --dp 4"}) {
+    const std::string json = fmt::format("/tmp/fg-bench-test-a2a-{}.json", ::getpid());
+    std::string out;
+    int rc = run_bench(FG_BENCH, fmt::format("{} --compare -c --ops all_to_all,send_recv --m 1,9 --hidden 12 "
+                                             "--time-ms 5 --no-limits --port {} --json {}", layout, fgtest::free_port(), json),
+                       &out);
+    EXPECT_EQ(rc, 0) << out;
+    std::ifstream f(json);
+    nlohmann::json j = nlohmann::json::parse(f);
+    std::set<std::string> rows;
+    for (const auto& r : j["rows"]) {
+      EXPECT_EQ(r["check"], "ok") << layout << ": " << r.dump();
+      rows.insert(r["op"].get<std::string>() + "/" + r["impl"].get<std::string>());
+    }
+    EXPECT_EQ(rows, (std::set<std::string>{"all_to_all/fastgather", "all_to_all/mpi", "send_recv/fastgather",
+                                           "send_recv/mpi"})) << out;
+    EXPECT_EQ(j["rows"].size(), 8u) << j.dump();
+    EXPECT_NE(out.find("### AllToAll (fp32, hidden 12"), std::string::npos) << out;
+    EXPECT_NE(out.find("### send/recv (fp32, hidden 12"), std::string::npos) << out;
+    EXPECT_NE(out.find("### all_to_all: median latency (us) by implementation"), std::string::npos) << out;
+    EXPECT_NE(out.find("### send_recv: median latency (us) by implementation"), std::string::npos) << out;
+    std::remove(json.c_str());
+  }
+}
+
 // Bad flags and sizes are refused before anything is allocated or forked:
 // exit status 2 (never a signal), naming the flag.
 TEST(FgBench, BadFlagsAndSizesAreRefusedByName) {

@@ -16,6 +16,8 @@ cmake -S "$WORK" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_R
 # FG_MUTATIONS_ONLY=REGEX runs only the mutations whose name matches (while writing one).
 # name | file | perl substitution | test binary | gtest filter (no '|' inside a field)
 MUTATIONS=(
+  "fg-bench's all_to_all row never calls the library|tools/fg-bench/cases.cpp|s/return all_to_all\(g_, b\.in\.view\(\), b\.out\.view\(\)\);/return Status::Ok();/|test_bench|FgBench.AllToAllAndSendRecvBesideMpiChecked"
+  "fg-bench's send_recv row sends its output buffer|tools/fg-bench/cases.cpp|s/Request sent = start_send\(g_, b\.in\.view\(\)/Request sent = start_send(g_, b.out.view()/|test_bench|FgBench.AllToAllAndSendRecvBesideMpiChecked"
   "fg-bench's --reduce-op never reaches the library|tools/fg-bench/reduce_cases.cpp|s/    options_\.op = s\.reduce_op;\n//|test_bench|FgBench.MinMaxAndAverageChecked"
   "a receive between servers waits for the first message again|src/ops/p2p.cpp|s/\+\+gi\.messages_received\[static_cast<size_t>\(peer\)\]/gi.messages_received[static_cast<size_t>(peer)] + 1/|test_p2p|PointToPoint/RingAcrossServers.*"
   "a collective takes the completion of a message's receive|src/transport/net_channel.cpp|s/if \(op->id == 0 && !op->reported && impl_->poll/if (!op->reported \&\& impl_->poll/|test_p2p|PointToPoint/RingAcrossServers.*"
@@ -100,8 +102,11 @@ MUTATIONS=(
   "gather, scatter and all_to_all copy one byte short of each part they take|src/ops/collectives.cpp|s/if \(d != s\) algo::copy_out\(d, s, to - from, stream_out\);/if (d != s) algo::copy_out(d, s, to - from - 1, stream_out);/|test_exchanges|Ranks/Exchanges.EveryByteOrdinaryMemory/0"
   "an uneven all_to_all takes its part of each block one member later|src/ops/collectives.cpp|s/if \(j < me\) before \+= /if (j <= me) before += /|test_exchanges|Ranks/Exchanges.EveryByteOrdinaryMemory/1"
   "all_to_all runs with counts that do not pair up|src/ops/collectives.cpp|s/if \(splits\.send\(m, j\) != splits\.recv\(j, m\)\)/if (false)/|test_exchanges|Exchanges.DisagreementsAreFoundOnEveryMemberAndTheGroupGoesOn"
-  "gather's header leaves the root out|src/ops/collectives.cpp|s/nullptr, static_cast<uint64_t>\(root\)\);\n\}\n\nengine::Task<Status> gather_op/nullptr, 0);\n}\n\nengine::Task<Status> gather_op/|test_exchanges|Exchanges.DisagreementsAreFoundOnEveryMemberAndTheGroupGoesOn"
-  "across servers scatter's members that are not the root keep the root's block nowhere|src/ops/collectives.cpp|s/  if \(!am_root\) kept\.resize\(bytes \* n\);\n//|test_exchanges|Exchanges.AcrossServersEveryByte"
+  "gather's header leaves the root out|src/ops/collectives.cpp|s/static_cast<uint64_t>\(root\), across \? &part_ref : nullptr\);/0, across ? \&part_ref : nullptr);/|test_exchanges|Exchanges.DisagreementsAreFoundOnEveryMemberAndTheGroupGoesOn"
+  "across servers a scatter sends every member the root's first chunk|src/ops/collectives.cpp|s/\*offset = static_cast<size_t>\(reader\) \* bytes;/*offset = 0;/|test_exchanges|Exchanges.AcrossServersEveryByte"
+  "across servers an uneven all_to_all sends each member the next one's split|src/ops/collectives.cpp|s/for \(size_t j = 0; j < r; \+\+j\) before \+=/for (size_t j = 0; j <= r; ++j) before +=/|test_exchanges|Exchanges.AcrossServersEveryByte"
+  "across servers a member on another server is sent the whole block, not its part|src/algo/across.cpp|s/const Part out = part\(me\(\), m\);/const Part out{0, pieces(me())};/|test_exchanges|Exchanges.AcrossServersEachMemberIsSentOnlyItsPart"
+  "a schedule names the shared-memory channel|src/algo/reduce.cpp|s/#include \x22transport\/shm_heap\.hpp\x22/#include \x22transport\/shm_heap.hpp\x22\n#include \x22transport\/shm_channel.hpp\x22/|test_layers|Layers.NothingInAlgoIncludesUpward"
   "all_gather into a list lets a peer's block land on the input|src/ops/collectives.cpp|s/if \(!\(own && o\.data == input\.data\) && ops::overlaps/if (o.data != input.data \&\& ops::overlaps/|test_exchanges|Exchanges.BadArgumentsAreRefused"
   "a scatter within a server takes the first member's piece, not the root's|src/ops/collectives.cpp|s/algo::copy_out\(out \+ offset, srcs\[root\]/algo::copy_out(out + offset, srcs[0]/|test_exchanges|Ranks/Exchanges.EveryByteOrdinaryMemory/0"
   "a timeout is said without the words torch looks for|src/engine/driver.cpp|s/\x22Timed out waiting: \x22 \+ t\.message\(\)/t.message()/|test_faults|Stall.SlowRankIsNoErrorMissingRankTimesOut"
@@ -203,13 +208,13 @@ done
 # rebuilt); skipped with a word where no interpreter imports torch.
 # name | file | perl substitution | pytest node (tests/python/...)
 PY_MUTATIONS=(
-  "a sparse all_reduce keeps this rank's entries|python/csrc/backend.cpp|s/t\.copy_\(at::sparse_coo_tensor\(at::cat\(parts, 1\), val_all, t\.sizes\(\)\)\.coalesce\(\)\);/t.copy_(t.coalesce());/|test_torch_backend.py::test_coalesced_and_functional_collectives[2]"
+  "a sparse all_reduce keeps this rank's entries|python/csrc/reductions.cpp|s/t\.copy_\(at::sparse_coo_tensor\(at::cat\(parts, 1\), val_all, t\.sizes\(\)\)\.coalesce\(\)\);/t.copy_(t.coalesce());/|test_torch_backend.py::test_coalesced_and_functional_collectives[2]"
   "a receive from any source says rank 0 sent it|python/csrc/work.cpp|s/  return flight_->source;/  return 0;/|test_torch_backend.py::test_send_recv_any_source_batch_and_objects_match_expected_and_gloo[3]"
   "the library's progress thread never drives a work its owner left waiting|src/engine/progress.cpp|s/const bool drove = q->lend_a_hand\(\*op, Clock::now\(\) \+ kSlice\);/const bool drove = false;/|test_torch_backend.py::test_async_work_moves_while_python_computes"
   "a work is not handed to the library's progress thread|python/csrc/work.cpp|s/flight_->requests\.back\(\)\.drive_in_background\(\);//|test_torch_backend.py::test_async_work_moves_while_python_computes"
   "Future callbacks run on the library's progress thread|src/engine/progress.cpp|s/for \(auto& f : ready\) completions\.post\(std::move\(f\)\);/for (auto\& f : ready) f();/|test_torch_backend.py::test_future_callbacks_that_run_collectives_finish"
-  "reduce_scatter_tensor_coalesced starts its first pair alone|python/csrc/backend.cpp|s/for \(size_t i = 0; i < inputs\.size\(\); \+\+i\) \{\n    add_reduce_scatter/for (size_t i = 0; i < 1; ++i) {\n    add_reduce_scatter/|test_torch_backend.py::test_coalesced_and_functional_collectives"
-  "all_to_all_single takes uneven splits for equal ones|python/csrc/backend.cpp|s/if \(!input_splits\.empty\(\) \x7c\x7c !output_splits\.empty\(\)\) \{/if (false) {/|test_torch_backend.py::test_gather_scatter_all_to_all_and_reduce_match_expected_and_gloo[2]"
+  "reduce_scatter_tensor_coalesced starts its first pair alone|python/csrc/reductions.cpp|s/for \(size_t i = 0; i < inputs\.size\(\); \+\+i\) \{\n    add_reduce_scatter/for (size_t i = 0; i < 1; ++i) {\n    add_reduce_scatter/|test_torch_backend.py::test_coalesced_and_functional_collectives"
+  "all_to_all_single takes uneven splits for equal ones|python/csrc/exchanges.cpp|s/if \(!input_splits\.empty\(\) \x7c\x7c !output_splits\.empty\(\)\) \{/if (false) {/|test_torch_backend.py::test_gather_scatter_all_to_all_and_reduce_match_expected_and_gloo[2]"
   "the backend's sequence number never advances|python/csrc/backend.cpp|s/  seq_\.fetch_add\(1, std::memory_order_relaxed\);\n//|test_torch_backend.py::test_gather_scatter_all_to_all_and_reduce_match_expected_and_gloo[2]"
   "Work.wait(timeout) waits as if it had no timeout|python/csrc/work.cpp|s/const bool forever = timeout == kNoTimeout;/const bool forever = true;/|test_torch_backend.py::test_wait_timeout_exception_and_future"
 )

@@ -41,4 +41,12 @@ inline long long find_mismatch(const void* src, size_t bytes, int rank, uint64_t
   return -1;
 }
 
+// An all_to_all's input: n parts of part_bytes, part j (for rank j) filled
+// as rank r's data for j.
+inline int part_key(int rank, int to) { return rank * 1024 + to; }
+inline void fill_parts(void* dst, size_t part_bytes, int n, int rank, const int* ranks, uint64_t it) {
+  for (int j = 0; j < n; ++j) fill(static_cast<unsigned char*>(dst) + static_cast<size_t>(j) * part_bytes, part_bytes,
+                                   part_key(rank, ranks[j]), it);
+}
+
 }  // namespace fastgather::pattern

@@ -233,6 +233,99 @@ std::unique_ptr<Case> make_all_gather_list(Group& g, const CaseShape& s) {
 std::unique_ptr<Case> make_staged_all_gather_list(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherCase>(g, s, AllGatherCase::Form::kStagedList);
 }
+namespace {
+
+class AllToAllCase : public Case {
+ public:
+  AllToAllCase(Group& g, const CaseShape& s) : g_(g) {
+    op = "all_to_all";
+    impl = "fastgather";
+    m = s.m;
+    dtype = s.dtype;
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      Buffers b;
+      b.in = input_tensor(g, s, {s.m, s.hidden});
+      b.out = Tensor::empty(s.dtype, {s.m, s.hidden});
+      bytes_per_rank = b.in.nbytes();
+      sets_.push_back(std::move(b));
+    }
+    for (size_t v = 0; v < sets_.size(); ++v) prepare(v);
+  }
+  Status run(uint64_t it) override {
+    Buffers& b = sets_[it % sets_.size()];
+    return all_to_all(g_, b.in.view(), b.out.view());
+  }
+  void prepare(uint64_t it) override {
+    pattern::fill_parts(sets_[it % sets_.size()].in.data(), part(), g_.size(), g_.ranks()[g_.rank()], g_.ranks().data(), it);
+  }
+  std::string verify(uint64_t it) override {
+    return check_all_to_all(sets_[it % sets_.size()].out.data(), part(), g_.ranks(), g_.ranks()[g_.rank()], it,
+                            op + "/" + impl);
+  }
+
+ private:
+  size_t part() const { return bytes_per_rank / static_cast<size_t>(g_.size()); }
+  Group& g_;
+  std::vector<Buffers> sets_;
+};
+
+// Each rank sends its m x hidden to the next group rank and receives the
+// previous one's (a ring shift, as a pipeline's stages pass activations on).
+class SendRecvCase : public Case {
+ public:
+  SendRecvCase(Group& g, const CaseShape& s) : g_(g) {
+    op = "send_recv";
+    impl = "fastgather";
+    m = s.m;
+    dtype = s.dtype;
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      Buffers b;
+      b.in = input_tensor(g, s, {s.m, s.hidden});
+      b.out = Tensor::empty(s.dtype, {s.m, s.hidden});
+      bytes_per_rank = b.in.nbytes();
+      sets_.push_back(std::move(b));
+    }
+    for (size_t v = 0; v < sets_.size(); ++v) prepare(v);
+  }
+  Status run(uint64_t it) override {
+    Buffers& b = sets_[it % sets_.size()];
+    const int n = g_.size(), me = g_.rank();
+    Request sent = start_send(g_, b.in.view(), (me + 1) % n);
+    const Status got = recv(g_, b.out.view(), (me + n - 1) % n);
+    const Status s = sent.wait();
+    return got.ok() ? s : got;
+  }
+  void prepare(uint64_t it) override {
+    pattern::fill(sets_[it % sets_.size()].in.data(), bytes_per_rank, g_.ranks()[g_.rank()], it);
+  }
+  std::string verify(uint64_t it) override {
+    const int from = g_.ranks()[static_cast<size_t>((g_.rank() + g_.size() - 1) % g_.size())];
+    const long long bad = pattern::find_mismatch(sets_[it % sets_.size()].out.data(), bytes_per_rank, from, it);
+    return bad < 0 ? std::string() : fmt::format("send_recv/fastgather: rank {}'s message wrong at byte {} (iteration {})",
+                                                 from, bad, it);
+  }
+
+ private:
+  Group& g_;
+  std::vector<Buffers> sets_;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> make_send_recv(Group& g, const CaseShape& s) { return std::make_unique<SendRecvCase>(g, s); }
+
+std::string check_all_to_all(const void* out, size_t part_bytes, const std::vector<int>& members, int me, uint64_t it,
+                             const std::string& what) {
+  for (size_t i = 0; i < members.size(); ++i) {
+    const long long bad = pattern::find_mismatch(static_cast<const char*>(out) + i * part_bytes, part_bytes,
+                                                 pattern::part_key(members[i], me), it);
+    if (bad >= 0) return fmt::format("{}: part from rank {} wrong at byte {} (iteration {})", what, members[i], bad, it);
+  }
+  return {};
+}
+
+std::unique_ptr<Case> make_all_to_all(Group& g, const CaseShape& s) { return std::make_unique<AllToAllCase>(g, s); }
+
 std::unique_ptr<Case> make_all_gather_matmul(Group& g, const CaseShape& s) {
   return std::make_unique<AllGatherMatmulCase>(g, s, true);
 }

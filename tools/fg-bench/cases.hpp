@@ -84,6 +84,19 @@ std::unique_ptr<Case> make_all_gather_matmul(Group& g, const CaseShape& s);
 // all_gather into gather_out, then one GEMM over the gathered matrix.
 std::unique_ptr<Case> make_unfused_all_gather_matmul(Group& g, const CaseShape& s);
 
+// all_to_all of m x hidden per rank (divisible by the group size), equal
+// parts: part j of each rank's input goes to rank j.
+std::unique_ptr<Case> make_all_to_all(Group& g, const CaseShape& s);
+
+// Each rank sends its m x hidden to the next group rank and receives the
+// previous one's (send and recv; two ranks or more).
+std::unique_ptr<Case> make_send_recv(Group& g, const CaseShape& s);
+
+// The first wrong byte of an all_to_all's output (parts from members[m], in
+// order, each part_bytes), as "" or the words for it.
+std::string check_all_to_all(const void* out, size_t part_bytes, const std::vector<int>& members, int me, uint64_t it,
+                             const std::string& what);
+
 // Sums (reduce_cases.cpp): input m x hidden elements per rank; all_reduce's
 // output as large, reduce_scatter's a group.size()-th of it (m x hidden must
 // divide by the group size). Inputs from the heap when s.symmetric.

@@ -286,6 +286,11 @@ double reduction_limit_us(const Limits& l, size_t bytes, int ranks, bool all_red
   return all_reduce ? scatter + l.rtt_ns / 2e3 + peers : scatter;
 }
 
+double send_recv_limit_us(const Limits& l, size_t bytes, bool across) {
+  if (across && !l.wire.empty()) return copy_us(l.wire, bytes);
+  return l.rtt_ns / 2e3 + copy_us(l.peer, bytes);
+}
+
 std::string format_limits(const Limits& l) {
   std::string s = fmt::format("### Machine limits (CPU {} <-> CPU {})\n\ncache-line round trip: {:.0f} ns\n\n", l.cpu_a,
                               l.cpu_b, l.rtt_ns);

@@ -69,6 +69,12 @@ double all_gather_limit_us(const Limits& l, size_t bytes_per_rank, int ranks, in
 // the others did not share its memory bandwidth (optimistic).
 double reduction_limit_us(const Limits& l, size_t bytes_per_rank, int ranks, bool all_reduce);
 
+// One message of `bytes` from a CPU to another: half a round trip and one
+// copy of data the sender's CPU has just written (a single copy; "one memcpy
+// between two cores"); across servers (the message crosses: `across`), the
+// wire's one-way time for it.
+double send_recv_limit_us(const Limits& l, size_t bytes, bool across);
+
 std::string format_limits(const Limits& l);
 
 }  // namespace fastgather::bench

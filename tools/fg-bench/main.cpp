@@ -205,6 +205,21 @@ std::vector<CaseGroup> plan_cases(const Communicator& comm, Group& g, const Opti
         cases.push_back([s, scatter] { return scatter ? mpi::make_reduce_scatter(s) : mpi::make_all_reduce(s); });
       }
     }
+    if (wants("all_to_all")) {
+      const size_t bytes = static_cast<size_t>(m * o.hidden) * dtype_size(ag_dtype);
+      if (bytes % static_cast<size_t>(g.size()) != 0) {
+        if (lead) std::fprintf(stderr, "fg-bench: all_to_all of %zu bytes does not divide by %d ranks; skipped\n", bytes, g.size());
+        continue;
+      }
+      std::vector<CaseFactory>& cases = *next_group();
+      cases.push_back([&g, s] { return make_all_to_all(g, s); });
+      if (use_mpi) cases.push_back([s] { return mpi::make_all_to_all(s); });
+    }
+    if (wants("send_recv") && g.size() > 1) {
+      std::vector<CaseFactory>& cases = *next_group();
+      cases.push_back([&g, s] { return make_send_recv(g, s); });
+      if (use_mpi) cases.push_back([s] { return mpi::make_send_recv(s); });
+    }
   }
   return groups;
 }
@@ -276,6 +291,14 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
                                     o.hidden), rs) +
            "\n";
   }
+  if (const auto sr = select("send_recv"); !sr.empty()) {
+    out += format_table(fmt::format("send/recv ({}, hidden {}; per-rank data: the message each rank sends the next and "
+                                    "receives from the one before)", o.dtype, o.hidden), sr) + "\n";
+  }
+  if (const auto a2a = select("all_to_all"); !a2a.empty()) {
+    out += format_table(fmt::format("AllToAll ({}, hidden {}; per-rank data: each rank's input, an equal part to every "
+                                    "rank)", o.dtype, o.hidden), a2a) + "\n";
+  }
   if (o.compare || limits != nullptr) {
     for (const std::string& op : kOpNames) {
       if (std::string t = format_compare(op, rows); !t.empty()) out += t + "\n";
@@ -284,8 +307,9 @@ std::string format_report(const Options& o, const LaunchPlan& plan, int world, i
   if (std::string t = format_phases(rows); !t.empty()) out += t + "\n";
   if (std::string t = format_placement(rows); !t.empty()) out += t + "\n";
   out += "Latency per iteration is the slowest rank's. Effective bandwidth = per-rank bytes / avg latency (the original "
-         "script's definition); algbw = total gathered bytes / avg latency; busbw = algbw x (n-1)/n (nccl-tests; for sums as nccl-tests: algbw = "
-         "per-rank input / avg latency, busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter). "
+         "script's definition); algbw = total gathered bytes / avg latency; busbw = algbw x (n-1)/n (nccl-tests; for sums and all_to_all as "
+         "nccl-tests: algbw = per-rank input / avg latency, busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter "
+         "and all_to_all; send/recv: both the message / avg latency). "
          "limit: docs/benchmarks.md.\n";
   return out;
 }
@@ -365,11 +389,13 @@ int run_rank(const Config& c, const Options& o, const LaunchPlan& plan) {
       }
       if (!r.ok()) return r.status();
       Row row = r.value();
-      if (with_limits && lead) {
+      if (with_limits && lead && row.op != "all_to_all") {  // no model for all_to_all: its limit says "-"
         const bool sums = row.op == "all_reduce" || row.op == "reduce_scatter" || row.op == "matmul_reduce_scatter";
-        row.limit_us = (sums ? reduction_limit_us(limits, row.bytes_per_rank, row.group_size, row.op == "all_reduce")
-                             : all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g))) +
-                       cs[i]->compute_floor_us();
+        row.limit_us = row.op == "send_recv"
+                           ? send_recv_limit_us(limits, row.bytes_per_rank, remote_blocks(**comm, g) > 0)
+                       : sums ? reduction_limit_us(limits, row.bytes_per_rank, row.group_size, row.op == "all_reduce")
+                              : all_gather_limit_us(limits, row.bytes_per_rank, row.group_size, remote_blocks(**comm, g));
+        row.limit_us += cs[i]->compute_floor_us();
         row.pct_of_limit = row.lat.median > 0 ? 100.0 * row.limit_us / row.lat.median : 0;
       }
       rows.push_back(std::move(row));

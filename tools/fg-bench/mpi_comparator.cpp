@@ -71,6 +71,64 @@ class MpiAllGatherCase : public MpiCase {
  private:
   std::vector<Tensor> ins_, outs_;
 };
+class MpiAllToAllCase : public MpiCase {
+ public:
+  explicit MpiAllToAllCase(const CaseShape& s) : MpiCase("all_to_all", s) {
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      ins_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+      outs_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+    }
+    bytes_per_rank = ins_.front().nbytes();
+    for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
+  }
+  Status run(uint64_t it) override {
+    const size_t v = it % ins_.size();
+    const int count = static_cast<int>(part());  // sizes here stay below 2 GiB
+    int rc = MPI_Alltoall(ins_[v].data(), count, MPI_BYTE, outs_[v].data(), count, MPI_BYTE, g_group);
+    if (rc != MPI_SUCCESS) return {ErrorKind::kSystem, fmt::format("MPI_Alltoall returned {}", rc)};
+    return Status::Ok();
+  }
+  void prepare(uint64_t it) override {
+    pattern::fill_parts(ins_[it % ins_.size()].data(), part(), size_, g_world_rank, members_.data(), it);
+  }
+  std::string verify(uint64_t it) override {
+    return check_all_to_all(outs_[it % outs_.size()].data(), part(), members_, g_world_rank, it, "all_to_all/mpi");
+  }
+
+ private:
+  size_t part() const { return bytes_per_rank / static_cast<size_t>(size_); }
+  std::vector<Tensor> ins_, outs_;
+};
+
+class MpiSendRecvCase : public MpiCase {
+ public:
+  explicit MpiSendRecvCase(const CaseShape& s) : MpiCase("send_recv", s) {
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      ins_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+      outs_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
+    }
+    bytes_per_rank = ins_.front().nbytes();
+    for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
+  }
+  Status run(uint64_t it) override {
+    const size_t v = it % ins_.size();
+    const int count = static_cast<int>(bytes_per_rank);  // sizes here stay below 2 GiB
+    int rc = MPI_Sendrecv(ins_[v].data(), count, MPI_BYTE, (rank_ + 1) % size_, 0, outs_[v].data(), count, MPI_BYTE,
+                          (rank_ + size_ - 1) % size_, 0, g_group, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return {ErrorKind::kSystem, fmt::format("MPI_Sendrecv returned {}", rc)};
+    return Status::Ok();
+  }
+  void prepare(uint64_t it) override { pattern::fill(ins_[it % ins_.size()].data(), bytes_per_rank, g_world_rank, it); }
+  std::string verify(uint64_t it) override {
+    const int from = members_[static_cast<size_t>((rank_ + size_ - 1) % size_)];
+    const long long bad = pattern::find_mismatch(outs_[it % outs_.size()].data(), bytes_per_rank, from, it);
+    return bad < 0 ? std::string() : fmt::format("send_recv/mpi: rank {}'s message wrong at byte {}", from, bad);
+  }
+
+ private:
+  std::vector<Tensor> ins_, outs_;
+};
+
 class MpiReduceCase : public MpiCase {
  public:
   MpiReduceCase(const CaseShape& s, MPI_Datatype type, bool scatter)
@@ -140,6 +198,8 @@ void finalize() {
 }
 
 std::unique_ptr<Case> make_all_gather(const CaseShape& s, int) { return std::make_unique<MpiAllGatherCase>(s); }
+std::unique_ptr<Case> make_all_to_all(const CaseShape& s) { return std::make_unique<MpiAllToAllCase>(s); }
+std::unique_ptr<Case> make_send_recv(const CaseShape& s) { return std::make_unique<MpiSendRecvCase>(s); }
 std::unique_ptr<Case> make_all_reduce(const CaseShape& s) { return make_reduce(s, false); }
 std::unique_ptr<Case> make_reduce_scatter(const CaseShape& s) { return make_reduce(s, true); }
 
@@ -150,6 +210,8 @@ std::string library_version() { return "none"; }
 Status init(int) { return {ErrorKind::kUnsupported, "fg-bench was built without MPI (apt-get install libopenmpi-dev)"}; }
 void finalize() {}
 std::unique_ptr<Case> make_all_gather(const CaseShape&, int) { return nullptr; }
+std::unique_ptr<Case> make_all_to_all(const CaseShape&) { return nullptr; }
+std::unique_ptr<Case> make_send_recv(const CaseShape&) { return nullptr; }
 std::unique_ptr<Case> make_all_reduce(const CaseShape&) { return nullptr; }
 std::unique_ptr<Case> make_reduce_scatter(const CaseShape&) { return nullptr; }
 

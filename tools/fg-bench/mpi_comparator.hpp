@@ -18,6 +18,10 @@ Status init(int tp);
 void finalize();
 // MPI_Allgather of the same bytes on this rank's group communicator.
 std::unique_ptr<Case> make_all_gather(const CaseShape& s, int group_rank_of_world0);
+// MPI_Alltoall of the same bytes (equal parts); MPI_Sendrecv of the same
+// ring shift as make_send_recv's.
+std::unique_ptr<Case> make_all_to_all(const CaseShape& s);
+std::unique_ptr<Case> make_send_recv(const CaseShape& s);
 // MPI_Allreduce and MPI_Reduce_scatter_block (MPI_SUM) of the same elements,
 // for the dtypes MPI has (fp32, fp64; it has no fp16 or bf16): null otherwise.
 std::unique_ptr<Case> make_all_reduce(const CaseShape& s);

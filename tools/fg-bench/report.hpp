@@ -45,6 +45,7 @@ std::string validate_report_json(const nlohmann::json& j);
 // Every --ops name, in the order the tables are printed; the JSON check and
 // the option both take them from here.
 inline const std::vector<std::string> kOpNames = {"all_gather",     "all_gather_list", "all_gather_matmul",
-                                                  "all_reduce",     "reduce_scatter",  "matmul_reduce_scatter"};
+                                                  "all_reduce",     "reduce_scatter",  "matmul_reduce_scatter",
+                                                  "all_to_all",     "send_recv"};
 
 }  // namespace fastgather::bench

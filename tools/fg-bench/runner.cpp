@@ -192,9 +192,12 @@ Result<Row> Runner::finish(Measuring& p) {
   if (!p.evenly.empty()) row.median_even_us = summarize(p.evenly).median;
   if (!p.unevenly.empty()) row.median_uneven_us = summarize(p.unevenly).median;
   row.effective_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
-  if (row.op == "all_reduce" || row.op == "reduce_scatter") {
-    // As nccl-tests counts sums: the per-rank input over the time, and the
-    // bytes each rank must move of it.
+  if (row.op == "send_recv") {
+    // As nccl-tests counts sendrecv: the message over the time, both ways.
+    row.algbw_gbs = row.busbw_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
+  } else if (row.op == "all_reduce" || row.op == "reduce_scatter" || row.op == "all_to_all") {
+    // As nccl-tests counts sums and all-to-all: the per-rank input over the
+    // time, and the bytes each rank must move of it.
     const double n = row.group_size;
     row.algbw_gbs = effective_gbs(static_cast<double>(row.bytes_per_rank), row.lat.avg);
     row.busbw_gbs = row.algbw_gbs * (row.op == "all_reduce" ? 2 : 1) * (n - 1) / n;
