@@ -413,6 +413,7 @@ TEST(FgBench, BadFlagsAndSizesAreRefusedByName) {
       {"--json /nonexistent/dir/x.json", "--json /nonexistent/dir/x.json: the folder /nonexistent/dir does not exist"},
       {"--plot /nonexistent/p.png", "--plot /nonexistent/p.png: the folder /nonexistent does not exist"},
       {"--json /tmp", "--json /tmp: is a folder"},
+      {"--json /dev/full", "--json /dev/full: a test write failed (No space left on device)"},
       {"--master ''", "rendezvous host (MASTER_IP, --master) is empty"},
       {"MASTER_IP=", "MASTER_IP is set but empty"},
   };

@@ -59,6 +59,17 @@ bool closed_by_server(int fd) {
 
 }  // namespace
 
+// A deadline that has passed before the first try (FG_TIMEOUT_MS=1) says
+// so, not the "(Success)" of an errno nothing set.
+TEST(TcpStore, ADeadlineGoneBeforeTheFirstTrySaysSo) {
+  auto c = TcpStoreClient::connect("127.0.0.1", fgtest::free_port(), "", Clock::now() - 1ms);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().kind(), ErrorKind::kTimeout);
+  EXPECT_NE(c.status().message().find("the start-up deadline passed before the first try"), std::string::npos)
+      << c.status().message();
+  EXPECT_EQ(c.status().message().find("Success"), std::string::npos) << c.status().message();
+}
+
 TEST(TcpStore, SetGetAddAndBlockingGet) {
   auto server = start();
   auto a = connect(server->port());

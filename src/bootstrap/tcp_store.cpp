@@ -605,8 +605,10 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
     ::close(fd);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  // No errno where the deadline had passed before the first try.
   return Status{ErrorKind::kTimeout, fmt::format("no rendezvous store answered at {}:{} ({})", addr, port,
-                                                 std::strerror(last_errno))};
+                                                 last_errno != 0 ? std::strerror(last_errno)
+                                                                 : "the start-up deadline passed before the first try")};
 }
 
 TcpStoreClient::~TcpStoreClient() {

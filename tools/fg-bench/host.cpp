@@ -1,6 +1,8 @@
 #include "host.hpp"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,6 +130,21 @@ Status check_writable(const char* flag, const std::string& path) {
   }
   if (::access(exists ? path.c_str() : dir.c_str(), W_OK) != 0) {
     return {ErrorKind::kInvalidArgument, fmt::format("{} {}: cannot be written ({})", flag, path, std::strerror(errno))};
+  }
+  // Permission is not room: a test write where writing changes nothing that
+  // the run would not overwrite anyway (a device or a pipe: one newline),
+  // and free space on the folder's file system for a file.
+  if (exists && !std::filesystem::is_regular_file(p, ec)) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    const bool wrote = fd >= 0 && ::write(fd, "\n", 1) == 1;
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    if (!wrote) return {ErrorKind::kInvalidArgument, fmt::format("{} {}: a test write failed ({})", flag, path, std::strerror(err))};
+    return Status::Ok();
+  }
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) == 0 && fs.f_bavail == 0) {
+    return {ErrorKind::kInvalidArgument, fmt::format("{} {}: no space left on the file system of {}", flag, path, dir.string())};
   }
   return Status::Ok();
 }
