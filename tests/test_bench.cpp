@@ -470,6 +470,97 @@ std::vector<pid_t> children_of(pid_t pid) {
 
 }  // namespace
 
+// The /dev/shm files a process has mapped.
+std::set<std::string> shm_files_of(pid_t pid) {
+  std::set<std::string> out;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(f, line)) {
+    const size_t at = line.find("/dev/shm/");
+    if (at != std::string::npos) out.insert(line.substr(at, line.find(" (deleted)") == std::string::npos ? std::string::npos
+                                                                                                       : line.find(" (deleted)") - at));
+  }
+  return out;
+}
+
+// Every process below pid (its children, theirs, ...).
+std::vector<pid_t> descendants_of(pid_t pid) {
+  std::vector<pid_t> out;
+  for (pid_t c : children_of(pid)) {
+    out.push_back(c);
+    for (pid_t d : descendants_of(c)) out.push_back(d);
+  }
+  return out;
+}
+
+// fg-bench's spawner SIGKILLed in the middle of a run: every rank (and every
+// simulated server's spawner) is gone within moments (the issue asks 100 ms;
+// measured 5-15 ms, the bound here leaves room for a busy machine), and no
+// segment of the job is left in /dev/shm.
+TEST(FgBench, ItsSpawnerKilledItsRanksDieAtOnceAndLeaveNoSegment) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  for (const char* servers : {"1", "2"}) {
+    const std::string port = std::to_string(fgtest::free_port());
+    std::fflush(nullptr);
+    pid_t top = ::fork();
+    if (top == 0) {
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+      ::execl(FG_BENCH_NOMPI, FG_BENCH_NOMPI, "--servers", servers, "--dp", "4", "--m", "64", "--hidden", "1024",
+              "--time-ms", "30000", "--no-compare", "--no-limits", "--port", port.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Until every rank runs and has mapped its group's segment.
+    std::vector<pid_t> below;
+    std::set<std::string> files;
+    const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < ready_by) {
+      below = descendants_of(top);
+      files.clear();
+      size_t mapped = 0;
+      for (pid_t p : below) {
+        auto f = shm_files_of(p);
+        mapped += f.empty() ? 0 : 1;
+        files.insert(f.begin(), f.end());
+      }
+      if (mapped >= 4) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_FALSE(files.empty()) << "no rank mapped a segment within 20 s (servers " << servers << ")";
+    const auto t0 = std::chrono::steady_clock::now();
+    ::kill(top, SIGKILL);
+    bool gone = false;
+    while (!gone && std::chrono::steady_clock::now() < t0 + std::chrono::seconds(10)) {
+      while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+      }
+      gone = ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD;
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(gone) << "processes left 10 s after killing the spawner (servers " << servers << ")";
+    EXPECT_LT(ms, 1000) << "the ranks outlived their spawner by " << ms << " ms (servers " << servers << ")";
+    std::printf("servers %s: %zu processes gone %.1f ms after the spawner's SIGKILL\n", servers, below.size(), ms);
+    // Segments are unlinked once every member has mapped them; none of the
+    // job's (named fg-<job>-...) may be left, mapped or not.
+    std::set<std::string> jobs;
+    for (const std::string& f : files) {
+      const std::string name = f.substr(std::string("/dev/shm/").size());
+      jobs.insert(name.substr(0, name.find('-', 3) + 1));
+    }
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      const std::string name = e.path().filename().string();
+      for (const std::string& job : jobs) EXPECT_NE(name.rfind(job, 0), 0u) << name << " left behind (servers " << servers << ")";
+    }
+    if (!gone) {
+      for (pid_t c : children_of(::getpid())) ::kill(c, SIGKILL);
+      while (::waitpid(-1, nullptr, 0) > 0) {
+      }
+    }
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
 // fg-bench killed at any point of its limits measurement - its top process,
 // or its ranks (the measuring rank's helper then loses its parent) - leaves
 // no process behind: everything it started has ended within a few seconds.

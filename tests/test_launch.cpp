@@ -2,17 +2,25 @@
 // MASTER_IP, PORT; spawned local ranks; validation of every number.
 #include <gtest/gtest.h>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <thread>
+#include <optional>
 #include <regex>
 #include <set>
 
 #include "base/env.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
+#include "transport/shm_segment.hpp"
 
 using namespace fastgather;
 
@@ -111,6 +119,57 @@ TEST(RunLocalRanks, SpawnsEveryRankAndReportsFailures) {
     return s.kind() == ErrorKind::kPeerLost ? 0 : 13;
   });
   EXPECT_NE(rc, 0);  // one rank was killed: the job failed
+}
+
+// The spawner SIGKILLed while a rank holds a segment of the job that is not
+// yet unlinked (made, its peers not there yet): the ranks die with it
+// (their death signal), and the job's reaper removes the segment - nobody
+// else is left to. This process is the subreaper, so the reaper ends here.
+TEST(RunLocalRanks, ASpawnerKilledLeavesNoSegmentOfItsJob) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  std::fflush(nullptr);
+  const pid_t spawner = ::fork();
+  if (spawner == 0) {
+    ::close(ready[0]);
+    LaunchPlan p;
+    p.dp = 2;
+    p.master_port = fgtest::free_port();
+    ::_exit(run_local_ranks(p, [&](const Config& c) {
+      std::optional<transport::ShmSegment> kept;  // held until the rank dies
+      if (c.rank == 0) {
+        auto seg = transport::ShmSegment::create(transport::ShmSegment::segment_name(c.job_id, ::getpid(), 1), 4096);
+        if (!seg.ok()) return 1;
+        kept.emplace(std::move(seg).value());
+        const std::string line = kept->name() + "\n";
+        if (::write(ready[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
+      }
+      for (;;) ::pause();
+    }));
+  }
+  ::close(ready[1]);
+  std::string name;
+  pollfd pfd{ready[0], POLLIN, 0};
+  char c = 0;
+  while (::poll(&pfd, 1, 10000) == 1 && ::read(ready[0], &c, 1) == 1 && c != '\n') name += c;
+  ::close(ready[0]);
+  ASSERT_FALSE(name.empty()) << "rank 0 made no segment within 10 s";
+  const std::filesystem::path file = "/dev/shm" + name;
+  EXPECT_TRUE(std::filesystem::exists(file)) << file;
+  ::kill(spawner, SIGKILL);
+  bool none = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!none && std::chrono::steady_clock::now() < until) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    none = ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD;
+    if (!none) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  EXPECT_TRUE(none) << "processes left 10 s after the spawner's SIGKILL";
+  EXPECT_FALSE(std::filesystem::exists(file)) << file << " left behind";
+  transport::ShmSegment::sweep_stale();
 }
 
 TEST(RunLocalRanks, ARankStartedByASpawnerRunsOnlyItself) {

@@ -184,6 +184,48 @@ class StopSignals {
   struct sigaction old_[std::size(kStopSignals)] {};
 };
 
+// A process that outlives the spawner only to remove the job's segments:
+// it holds the read end of a pipe whose write end the spawner and every rank
+// it forks hold, so it wakes once all of them are gone, however they went (a
+// SIGKILL of the spawner kills the ranks through their death signal, and
+// neither can clean up then: a segment made but not yet unlinked would stay
+// in /dev/shm). Forked twice, so that it is nobody's child to wait for; it
+// ignores the stop signals (a Ctrl-C to the job's process group must not
+// take it first), keeps no other descriptor, and exits after the sweep.
+// Returns the write end (-1: none could be made; the spawner's own sweep at
+// the end is then all there is).
+int start_segment_reaper(const std::string& job) {
+  int fds[2];
+  if (::pipe2(fds, 0) != 0) return -1;  // not close-on-exec: the ranks keep the write end
+  std::fflush(nullptr);
+  const pid_t middle = ::fork();
+  if (middle < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return -1;
+  }
+  if (middle == 0) {
+    if (::fork() != 0) ::_exit(0);  // the reaper is its child, then init's (or a subreaper's)
+    for (int sig : kStopSignals) ::signal(sig, SIG_IGN);
+    ::setsid();  // no terminal's signals either
+    for (int fd = 3; fd < 4096; ++fd) {
+      if (fd != fds[0]) ::close(fd);
+    }
+    char c;
+    for (;;) {
+      const ssize_t r = ::read(fds[0], &c, 1);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;  // every write end closed (or the pipe failed): sweep
+    }
+    transport::ShmSegment::sweep_job(job);
+    ::_exit(0);
+  }
+  ::close(fds[0]);
+  while (::waitpid(middle, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  return fds[1];
+}
+
 std::string labels(const std::vector<pid_t>& pids, int first) {
   std::string out;
   for (size_t i = 0; i < pids.size(); ++i) {
@@ -378,6 +420,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
     if (bind) bind_to_cpu(by_world_rank ? first + i : i);
     if (listen_fd >= 0 && first + i != 0) ::close(listen_fd);  // rank 0's alone
   };
+  const int reaper = start_segment_reaper(job);
   const int rc = run_processes(local, [&](int i) {
     Config c = p.config_for_rank(first + i);
     if (c.rank == 0) c.store_listen_fd = listen_fd;
@@ -385,6 +428,7 @@ int run_local_ranks(const LaunchPlan& plan, const std::function<int(const Config
   }, po);
   if (listen_fd >= 0) ::close(listen_fd);
   transport::ShmSegment::sweep_job(job);
+  if (reaper >= 0) ::close(reaper);  // the reaper sweeps once more and ends
   return rc;
 }
 

@@ -20,6 +20,8 @@ MUTATIONS=(
   "fg-bench's send_recv row sends its output buffer|tools/fg-bench/cases.cpp|s/Request sent = start_send\(g_, b\.in\.view\(\)/Request sent = start_send(g_, b.out.view()/|test_bench|FgBench.AllToAllAndSendRecvBesideMpiChecked"
   "fg-bench checks an output path's permission but writes no test byte|tools/fg-bench/host.cpp|s/if \(exists && !std::filesystem::is_regular_file\(p, ec\)\) \{/if (false) {/|test_bench|FgBench.BadFlagsAndSizesAreRefusedByName"
   "a store client whose deadline passed before its first try says (Success)|src/bootstrap/tcp_store.cpp|s/last_errno != 0 \? std::strerror\(last_errno\)/true ? std::strerror(last_errno)/|test_tcp_store|TcpStore.ADeadlineGoneBeforeTheFirstTrySaysSo"
+  "a spawner starts no reaper for its job's segments|src/launch/launch.cpp|s/  const int reaper = start_segment_reaper\(job\);/  const int reaper = -1;/|test_launch|RunLocalRanks.ASpawnerKilledLeavesNoSegmentOfItsJob"
+  "spawned ranks do not die with their spawner|src/launch/launch.cpp|s/::prctl\(PR_SET_PDEATHSIG, options\.death_signal\);//|test_bench|FgBench.ItsSpawnerKilledItsRanksDieAtOnceAndLeaveNoSegment"
   "fg-bench's --reduce-op never reaches the library|tools/fg-bench/reduce_cases.cpp|s/    options_\.op = s\.reduce_op;\n//|test_bench|FgBench.MinMaxAndAverageChecked"
   "a receive between servers waits for the first message again|src/ops/p2p.cpp|s/\+\+gi\.messages_received\[static_cast<size_t>\(peer\)\]/gi.messages_received[static_cast<size_t>(peer)] + 1/|test_p2p|PointToPoint/RingAcrossServers.*"
   "a collective takes the completion of a message's receive|src/transport/net_channel.cpp|s/if \(op->id == 0 && !op->reported && impl_->poll/if (!op->reported \&\& impl_->poll/|test_p2p|PointToPoint/RingAcrossServers.*"
