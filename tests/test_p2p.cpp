@@ -46,8 +46,9 @@ long long wrong(const std::vector<uint8_t>& got, int from, int to, uint64_t it) 
 
 TensorView view(std::vector<uint8_t>& v) { return {v.data(), DType::kU8, {static_cast<int64_t>(v.size())}}; }
 
-// Empty, one byte, around a chunk (16 KiB), more than a whole mailbox (64 KiB).
-const std::vector<size_t> kSizes = {0, 1, 16383, 16384, 16385, 200001, 1 << 20};
+// Empty, one byte, around a chunk (16 KiB), around a whole mailbox (64 KiB:
+// larger goes by single copy where members read each other's memory).
+const std::vector<size_t> kSizes = {0, 1, 16383, 16384, 16385, 65536, 65537, 200001, 1 << 20};
 
 class Ring : public ::testing::TestWithParam<int> {};
 
@@ -203,6 +204,26 @@ TEST(PointToPoint, ALengthOrTagThatDisagreesIsFoundOnBothSides) {
       RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find(words) != std::string::npos, "sender: {}",
                  s.to_string());
     }
+    RANK_OK(all_gather(g, view(one), view(all)));
+    return "";
+  }));
+}
+
+// A message sent by single copy (larger than the mailbox) that the receiver
+// cannot take: neither side reads or writes a byte of it, both fail at once
+// in the same words (the sender waits for it to be read, so it learns at
+// this send), and the group goes on.
+TEST(PointToPoint, ASingleCopyMessageThatDisagreesFailsBothSidesAtOnce) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> a(200001, 7), b(300000, 0xEE), one(8), all(16);
+    const std::string words = "sent 200001 bytes with tag 3 to rank 1, which receives 300000 bytes with tag 3";
+    Status s = g.rank() == 0 ? send(g, view(a), 1, 3) : recv(g, view(b), 0, 3);
+    RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find(words) != std::string::npos, "{}", s.to_string());
+    RANK_CHECK(g.rank() == 0 || std::all_of(b.begin(), b.end(), [](uint8_t x) { return x == 0xEE; }),
+               "the receiver's buffer was written");
     RANK_OK(all_gather(g, view(one), view(all)));
     return "";
   }));

@@ -202,17 +202,19 @@ inline MessageReceived message_received(transport::NetChannel& net, uint64_t id)
 // A wait that fails leaves the group as it is: a send is no collective.
 class MailRoom final : public Waiter {
  public:
-  MailRoom(transport::ShmMail& mail, int to) : mail_(mail), to_(to) {}
+  // taken > 0: until the receiver has taken this member's chunks up to that
+  // count (a single-copy message read), rather than until a slot is free.
+  MailRoom(transport::ShmMail& mail, int to, uint64_t taken = 0) : mail_(mail), to_(to), taken_(taken) {}
   bool await_ready() {
     error = mail_.refused(mail_.channel().me(), to_);
-    return !error.ok() || mail_.room(to_);
+    return !error.ok() || there();
   }
   Status await_resume() {
     if (Status r = mail_.refused(mail_.channel().me(), to_); !r.ok() && error.ok()) return r;
     return error;
   }
 
-  bool ready() override { return mail_.room(to_) || !mail_.refused(mail_.channel().me(), to_).ok(); }
+  bool ready() override { return there() || !mail_.refused(mail_.channel().me(), to_).ok(); }
   Status check() override { return mail_.channel().check(to_); }
   Status timed_out(std::chrono::milliseconds t) override {
     const auto& ch = mail_.channel();
@@ -230,10 +232,12 @@ class MailRoom final : public Waiter {
   bool comes_from_cpu(int cpu) override { return mail_.channel().member_cpu(to_) == cpu; }
 
  private:
+  bool there() const { return taken_ == 0 ? mail_.room(to_) : mail_.taken(to_, taken_); }
   transport::ShmMail& mail_;
   int to_;
+  uint64_t taken_;
 };
-inline MailRoom mail_room(transport::ShmMail& mail, int to) { return {mail, to}; }
+inline MailRoom mail_room(transport::ShmMail& mail, int to, uint64_t taken = 0) { return {mail, to, taken}; }
 
 // co_await mail_arrival(mail, from, tag, &from): the next chunk from member
 // `from` is there (its header: ShmMail::peek), with this receive owning

@@ -9,7 +9,9 @@
 //
 // Within a server a send is done once every chunk is in the mailbox (its
 // buffer may be reused; the receiver may not have taken it yet); a message
-// larger than the mailbox waits for the receiver to empty it. A receive
+// larger than the mailbox goes by single copy where the members can read
+// each other's memory (the receiver reads it where it lies; the send is done
+// once it has), else waits for the receiver to empty the mailbox. A receive
 // checks each chunk's header (which message, where in it, how long) and
 // refuses a message of another length or tag: both sides then fail with the
 // same words. Between servers a send is done when UCX says so; a receive
@@ -125,6 +127,12 @@ engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int
   const auto* src = static_cast<const std::byte*>(data.data);
   const size_t total = data.nbytes();
   const uint64_t message = mail.next_message(to);
+  if (total >= ShmMail::kSingleCopyMin && gi.channel->capabilities().reads_peer_memory) {
+    // Single copy: the receiver reads the bytes where they lie; done once it has.
+    if (Status s = co_await engine::mail_room(mail, to); !s.ok()) co_return s;
+    const uint64_t chunk = mail.put(to, message, tag, total, 0, nullptr, total, reinterpret_cast<uint64_t>(src));
+    co_return co_await engine::mail_room(mail, to, chunk);
+  }
   size_t off = 0;
   do {
     if (Status s = co_await engine::mail_room(mail, to); !s.ok()) co_return s;
@@ -182,10 +190,15 @@ engine::Task<Status> recv_op(Group& group, const TensorView& data, int peer, int
     } else if (h.message != message || h.offset != off || h.total != total) {
       co_return mail.refuse(own.from, total, tag);
     }
-    if (h.len > total - off || (h.len == 0 && total != 0) || h.len > ShmMail::kChunk) {
+    if (h.remote != 0) {
+      // Single copy: the whole message, read where it lies in the sender's memory.
+      if (off != 0 || h.len != total) co_return mail.refuse(own.from, total, tag);
+      if (Status s = gi.channel->read_peer(own.from, dst, h.remote, total); !s.ok()) co_return s;
+    } else if (h.len > total - off || (h.len == 0 && total != 0) || h.len > ShmMail::kChunk) {
       co_return mail.refuse(own.from, total, tag);
+    } else if (h.len != 0) {
+      std::memcpy(dst + off, mail.chunk(own.from), h.len);
     }
-    if (h.len != 0) std::memcpy(dst + off, mail.chunk(own.from), h.len);
     off += h.len;
     mail.take(own.from);
   } while (off < total);

@@ -65,15 +65,20 @@ bool ShmMail::room(int to) const {
   return b.r.taken.load(std::memory_order_acquire) + kSlots > next;
 }
 
-void ShmMail::put(int to, uint64_t message, int64_t tag, uint64_t total, uint64_t offset, const std::byte* data,
-                  size_t len) {
+uint64_t ShmMail::put(int to, uint64_t message, int64_t tag, uint64_t total, uint64_t offset, const std::byte* data,
+                      size_t len, uint64_t remote) {
   Box& b = box(me_, to);
   const uint64_t c = b.s.posted.load(std::memory_order_relaxed);
   const size_t slot = c % kSlots;
-  b.h[slot] = ChunkHeader{.message = message, .tag = tag, .total = total, .offset = offset, .len = len};
-  if (len != 0) std::memcpy(b.data[slot], data, len);
+  b.h[slot] = ChunkHeader{.message = message, .tag = tag, .total = total, .offset = offset, .len = len, .remote = remote};
+  if (len != 0 && remote == 0) std::memcpy(b.data[slot], data, len);
   b.s.posted.store(c + 1, std::memory_order_release);
   ch_.wake();
+  return c + 1;
+}
+
+bool ShmMail::taken(int to, uint64_t count) const {
+  return box(me_, to).r.taken.load(std::memory_order_acquire) >= count;
 }
 
 const ChunkHeader* ShmMail::peek(int from) const {

@@ -13,6 +13,14 @@
 // ring ahead, messages from one member to another arrive in the order they
 // were sent, and pairs never wait for one another.
 //
+// A message larger than the mailbox (kSingleCopyMin and up) travels in one
+// slot without its bytes where the members can read each other's memory
+// (the channel's capabilities().reads_peer_memory): the header says where
+// they lie in the sender's memory (`remote`), the receiver copies them
+// straight into its output (ShmChannel::read_peer: one copy instead of two,
+// no round trip per chunk) and takes the slot; the sender's send is done
+// once the slot is taken (taken() says so), its buffer read.
+//
 // A receiver that finds a message it cannot take (another length, another
 // tag) refuses the mailbox with what it expected: from then on both sides
 // fail on it, in the same words. The mailbox does not wait: it answers
@@ -40,12 +48,16 @@ struct alignas(64) ChunkHeader {
   uint64_t total = 0;    // the whole message's bytes
   uint64_t offset = 0;   // where this chunk lies in it
   uint64_t len = 0;      // this chunk's bytes
+  uint64_t remote = 0;   // single copy: the address of the whole message in the sender's memory (len = total)
 };
 
 class ShmMail {
  public:
   static constexpr int kSlots = 4;
   static constexpr size_t kChunk = 16 << 10;
+  // Messages that would not fit the mailbox at once go by single copy where
+  // the channel can read peers' memory.
+  static constexpr size_t kSingleCopyMin = kSlots * kChunk + 1;
   // The bytes of `members` members' mailboxes (0 for one member).
   static size_t bytes(int members);
   // Lays out fresh mailboxes at `base` (the channel's creator does).
@@ -61,8 +73,14 @@ class ShmMail {
   // Sending to member `to` (channel member index).
   // A slot is free for this member's next chunk to `to`.
   bool room(int to) const;
-  // Writes the next chunk (len <= kChunk bytes at data) and publishes it.
-  void put(int to, uint64_t message, int64_t tag, uint64_t total, uint64_t offset, const std::byte* data, size_t len);
+  // Writes the next chunk (len <= kChunk bytes at data) and publishes it;
+  // with `remote` (single copy), only the header: the receiver reads the
+  // whole message (len = total) at that address. Returns the chunk's count
+  // (from 1), for taken().
+  uint64_t put(int to, uint64_t message, int64_t tag, uint64_t total, uint64_t offset, const std::byte* data, size_t len,
+               uint64_t remote = 0);
+  // The receiver has taken this member's chunks to `to` up to `count`.
+  bool taken(int to, uint64_t count) const;
   // The number the next message to `to` takes (from 1).
   uint64_t next_message(int to) { return ++sent_[to]; }
 
