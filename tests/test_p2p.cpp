@@ -85,6 +85,35 @@ TEST_P(Ring, EveryByteWaitingForTheSendFirst) {
   }, o));
 }
 
+// The same ring with every message in the sender's region of the group's
+// heap: past the mailbox's size the receiver copies it from there (one copy,
+// no system call); smaller ones still go through the mailbox.
+TEST_P(Ring, EveryByteFromTheHeap) {
+  fgtest::JobOptions o;
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int n = g.size(), me = g.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    uint64_t it = 100;
+    for (size_t bytes : kSizes) {
+      ++it;
+      auto out = g.empty(DType::kU8, {static_cast<int64_t>(bytes)});
+      RANK_OK(out.status());
+      const std::vector<uint8_t> m = message(me, next, bytes, it);
+      if (bytes != 0) std::memcpy(out->data(), m.data(), bytes);
+      std::vector<uint8_t> in(bytes, 0xEE);
+      Request s = start_send(g, out->view(), next, 6);
+      RANK_OK(recv(g, view(in), prev, 6));
+      RANK_OK(s.wait());
+      const long long bad = wrong(in, prev, me, it);
+      RANK_CHECK(bad < 0, "{} bytes from rank {}'s heap: byte {} is wrong", bytes, prev, bad);
+    }
+    return "";
+  }, o));
+}
+
 INSTANTIATE_TEST_SUITE_P(PointToPoint, Ring, ::testing::Values(2, 3, 5));
 
 // Many messages each way between two ranks, in flight together, taken in

@@ -127,10 +127,16 @@ engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int
   const auto* src = static_cast<const std::byte*>(data.data);
   const size_t total = data.nbytes();
   const uint64_t message = mail.next_message(to);
-  if (total >= ShmMail::kSingleCopyMin && gi.channel->capabilities().reads_peer_memory) {
-    // Single copy: the receiver reads the bytes where they lie; done once it has.
+  const transport::ShmHeap* heap = gi.channel->heap();
+  const std::optional<uint64_t> in_heap = heap != nullptr ? heap->own_offset(src, total) : std::nullopt;
+  if (total >= ShmMail::kSingleCopyMin && (in_heap || gi.channel->capabilities().reads_peer_memory)) {
+    // Single copy: the receiver reads the bytes where they lie (from the
+    // heap, or from this process); the send is done once it has.
     if (Status s = co_await engine::mail_room(mail, to); !s.ok()) co_return s;
-    const uint64_t chunk = mail.put(to, message, tag, total, 0, nullptr, total, reinterpret_cast<uint64_t>(src));
+    const uint64_t chunk =
+        in_heap ? mail.put(to, message, tag, total, 0, nullptr, total, transport::ChunkHeader::kInHeap, *in_heap)
+                : mail.put(to, message, tag, total, 0, nullptr, total, transport::ChunkHeader::kInMemory,
+                           reinterpret_cast<uint64_t>(src));
     co_return co_await engine::mail_room(mail, to, chunk);
   }
   size_t off = 0;
@@ -190,10 +196,20 @@ engine::Task<Status> recv_op(Group& group, const TensorView& data, int peer, int
     } else if (h.message != message || h.offset != off || h.total != total) {
       co_return mail.refuse(own.from, total, tag);
     }
-    if (h.remote != 0) {
-      // Single copy: the whole message, read where it lies in the sender's memory.
-      if (off != 0 || h.len != total) co_return mail.refuse(own.from, total, tag);
-      if (Status s = gi.channel->read_peer(own.from, dst, h.remote, total); !s.ok()) co_return s;
+    if (h.where != transport::ChunkHeader::kInSlot) {
+      // Single copy: the whole message, read where it lies (the sender's
+      // heap region, or its memory).
+      const transport::ShmHeap* heap = gi.channel->heap();
+      const bool from_heap = h.where == transport::ChunkHeader::kInHeap;
+      if (off != 0 || h.len != total || (from_heap && (heap == nullptr || !heap->within(h.remote, total))) ||
+          (!from_heap && h.where != transport::ChunkHeader::kInMemory)) {
+        co_return mail.refuse(own.from, total, tag);
+      }
+      if (from_heap) {
+        if (total != 0) std::memcpy(dst, heap->member_data(own.from, h.remote), total);
+      } else if (Status s = gi.channel->read_peer(own.from, dst, h.remote, total); !s.ok()) {
+        co_return s;
+      }
     } else if (h.len > total - off || (h.len == 0 && total != 0) || h.len > ShmMail::kChunk) {
       co_return mail.refuse(own.from, total, tag);
     } else if (h.len != 0) {

@@ -42,6 +42,8 @@ class ShmHeap {
     return a - begin;
   }
   const std::byte* member_data(int member, uint64_t offset) const { return region(member) + offset; }
+  // Whether [offset, offset + len) lies within a member's region (a peer's word for it is checked).
+  bool within(uint64_t offset, size_t len) const { return offset <= region_bytes_ && len <= region_bytes_ - offset; }
   void unlink_name() { segment_.unlink(); }
 
  private:

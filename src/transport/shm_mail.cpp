@@ -66,12 +66,13 @@ bool ShmMail::room(int to) const {
 }
 
 uint64_t ShmMail::put(int to, uint64_t message, int64_t tag, uint64_t total, uint64_t offset, const std::byte* data,
-                      size_t len, uint64_t remote) {
+                      size_t len, ChunkHeader::Where where, uint64_t remote) {
   Box& b = box(me_, to);
   const uint64_t c = b.s.posted.load(std::memory_order_relaxed);
   const size_t slot = c % kSlots;
-  b.h[slot] = ChunkHeader{.message = message, .tag = tag, .total = total, .offset = offset, .len = len, .remote = remote};
-  if (len != 0 && remote == 0) std::memcpy(b.data[slot], data, len);
+  b.h[slot] = ChunkHeader{
+      .message = message, .tag = tag, .total = total, .offset = offset, .len = len, .where = where, .remote = remote};
+  if (len != 0 && where == ChunkHeader::kInSlot) std::memcpy(b.data[slot], data, len);
   b.s.posted.store(c + 1, std::memory_order_release);
   ch_.wake();
   return c + 1;

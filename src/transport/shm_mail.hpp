@@ -14,12 +14,15 @@
 // were sent, and pairs never wait for one another.
 //
 // A message larger than the mailbox (kSingleCopyMin and up) travels in one
-// slot without its bytes where the members can read each other's memory
-// (the channel's capabilities().reads_peer_memory): the header says where
-// they lie in the sender's memory (`remote`), the receiver copies them
-// straight into its output (ShmChannel::read_peer: one copy instead of two,
-// no round trip per chunk) and takes the slot; the sender's send is done
-// once the slot is taken (taken() says so), its buffer read.
+// slot without its bytes where it can be read where it lies: in the sender's
+// region of the group's symmetric heap (the receiver copies it from there,
+// as the collectives read a heap block in place), or, where the members can
+// read each other's memory (the channel's capabilities().reads_peer_memory),
+// at its address in the sender's memory (ShmChannel::read_peer). The header
+// says where (`where`, `remote`); the receiver copies the bytes straight into
+// its output (one copy instead of two, no round trip per chunk) and takes
+// the slot; the sender's send is done once the slot is taken (taken() says
+// so), its buffer read.
 //
 // A receiver that finds a message it cannot take (another length, another
 // tag) refuses the mailbox with what it expected: from then on both sides
@@ -48,7 +51,12 @@ struct alignas(64) ChunkHeader {
   uint64_t total = 0;    // the whole message's bytes
   uint64_t offset = 0;   // where this chunk lies in it
   uint64_t len = 0;      // this chunk's bytes
-  uint64_t remote = 0;   // single copy: the address of the whole message in the sender's memory (len = total)
+  // Where the bytes are (single copy: the whole message, len = total):
+  // kInSlot, or at `remote`, an address in the sender's memory or an offset
+  // in its heap region.
+  enum Where : uint64_t { kInSlot = 0, kInMemory = 1, kInHeap = 2 };
+  uint64_t where = kInSlot;
+  uint64_t remote = 0;
 };
 
 class ShmMail {
@@ -74,11 +82,11 @@ class ShmMail {
   // A slot is free for this member's next chunk to `to`.
   bool room(int to) const;
   // Writes the next chunk (len <= kChunk bytes at data) and publishes it;
-  // with `remote` (single copy), only the header: the receiver reads the
-  // whole message (len = total) at that address. Returns the chunk's count
-  // (from 1), for taken().
+  // for a single copy (`where` not kInSlot), only the header: the receiver
+  // reads the whole message (len = total) where `remote` says. Returns the
+  // chunk's count (from 1), for taken().
   uint64_t put(int to, uint64_t message, int64_t tag, uint64_t total, uint64_t offset, const std::byte* data, size_t len,
-               uint64_t remote = 0);
+               ChunkHeader::Where where = ChunkHeader::kInSlot, uint64_t remote = 0);
   // The receiver has taken this member's chunks to `to` up to `count`.
   bool taken(int to, uint64_t count) const;
   // The number the next message to `to` takes (from 1).

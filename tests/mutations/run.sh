@@ -23,6 +23,7 @@ MUTATIONS=(
   "a spawner starts no reaper for its job's segments|src/launch/launch.cpp|s/  const int reaper = start_segment_reaper\(job\);/  const int reaper = -1;/|test_launch|RunLocalRanks.ASpawnerKilledLeavesNoSegmentOfItsJob"
   "spawned ranks do not die with their spawner|src/launch/launch.cpp|s/::prctl\(PR_SET_PDEATHSIG, options\.death_signal\);//|test_bench|FgBench.ItsSpawnerKilledItsRanksDieAtOnceAndLeaveNoSegment"
   "a single-copy receive reads the message one byte off|src/ops/p2p.cpp|s/read_peer\(own\.from, dst, h\.remote, total\)/read_peer(own.from, dst, h.remote + 1, total - 1)/|test_p2p|PointToPoint/Ring.EveryByteWaitingForTheSendFirst/0"
+  "a receive from the sender's heap reads the message one byte off|src/ops/p2p.cpp|s/heap->member_data\(own\.from, h\.remote\), total\)/heap->member_data(own.from, h.remote + 1), total)/|test_p2p|PointToPoint/Ring.EveryByteFromTheHeap/0"
   "a single-copy send is done before its bytes are read|src/ops/p2p.cpp|s/    co_return co_await engine::mail_room\(mail, to, chunk\);/    co_return Status::Ok();/|test_p2p|PointToPoint.ASingleCopyMessageThatDisagreesFailsBothSidesAtOnce"
   "fg-bench's --reduce-op never reaches the library|tools/fg-bench/reduce_cases.cpp|s/    options_\.op = s\.reduce_op;\n//|test_bench|FgBench.MinMaxAndAverageChecked"
   "a receive between servers waits for the first message again|src/ops/p2p.cpp|s/\+\+gi\.messages_received\[static_cast<size_t>\(peer\)\]/gi.messages_received[static_cast<size_t>(peer)] + 1/|test_p2p|PointToPoint/RingAcrossServers.*"
