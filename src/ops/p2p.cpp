@@ -9,9 +9,11 @@
 //
 // Within a server a send is done once every chunk is in the mailbox (its
 // buffer may be reused; the receiver may not have taken it yet); a message
-// larger than the mailbox goes by single copy where the members can read
-// each other's memory (the receiver reads it where it lies; the send is done
-// once it has), else waits for the receiver to empty the mailbox. A receive
+// larger than the mailbox goes by single copy where it can be read where it
+// lies (in the sender's heap region, or in its memory where the members can
+// read each other's: the receiver copies it straight into its output; the
+// send is done once it has), else waits for the receiver to empty the
+// mailbox. A receive
 // checks each chunk's header (which message, where in it, how long) and
 // refuses a message of another length or tag: both sides then fail with the
 // same words. Between servers a send is done when UCX says so; a receive
