@@ -46,6 +46,16 @@ long long wrong(const std::vector<uint8_t>& got, int from, int to, uint64_t it) 
 
 TensorView view(std::vector<uint8_t>& v) { return {v.data(), DType::kU8, {static_cast<int64_t>(v.size())}}; }
 
+// FG_SINGLE_COPY=always: ordinary memory counts as readable by a peer, as a
+// huge-page buffer does, so a message past the mailbox goes by process_vm_readv.
+Config reading_peers(const Config& base) {
+  Config c = base;
+  Settings s = c.settings.value_or(Settings{});
+  s.single_copy = Settings::SingleCopy::kAlways;
+  c.settings = s;
+  return c;
+}
+
 // Empty, one byte, around a chunk (16 KiB), around a whole mailbox (64 KiB:
 // larger goes by single copy where members read each other's memory).
 const std::vector<size_t> kSizes = {0, 1, 16383, 16384, 16385, 65536, 65537, 200001, 1 << 20};
@@ -109,6 +119,30 @@ TEST_P(Ring, EveryByteFromTheHeap) {
       RANK_OK(s.wait());
       const long long bad = wrong(in, prev, me, it);
       RANK_CHECK(bad < 0, "{} bytes from rank {}'s heap: byte {} is wrong", bytes, prev, bad);
+    }
+    return "";
+  }, o));
+}
+
+// The same ring read by process_vm_readv, as from a huge-page buffer
+// (FG_SINGLE_COPY=always makes ordinary memory count as readable).
+TEST_P(Ring, EveryByteReadFromTheSendersMemory) {
+  fgtest::JobOptions o;
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
+    auto comm = Communicator::create(reading_peers(c));
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int n = g.size(), me = g.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    uint64_t it = 200;
+    for (size_t bytes : kSizes) {
+      ++it;
+      std::vector<uint8_t> out = message(me, next, bytes, it), in(bytes, 0xEE);
+      Request sent = start_send(g, view(out), next, 7);
+      RANK_OK(recv(g, view(in), prev, 7));
+      RANK_OK(sent.wait());
+      const long long bad = wrong(in, prev, me, it);
+      RANK_CHECK(bad < 0, "{} bytes read from rank {}'s memory: byte {} is wrong", bytes, prev, bad);
     }
     return "";
   }, o));
@@ -244,7 +278,7 @@ TEST(PointToPoint, ALengthOrTagThatDisagreesIsFoundOnBothSides) {
 // this send), and the group goes on.
 TEST(PointToPoint, ASingleCopyMessageThatDisagreesFailsBothSidesAtOnce) {
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
+    auto comm = Communicator::create(reading_peers(c));
     RANK_OK(comm.status());
     Group& g = (*comm)->world();
     std::vector<uint8_t> a(200001, 7), b(300000, 0xEE), one(8), all(16);

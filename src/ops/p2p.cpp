@@ -10,10 +10,10 @@
 // Within a server a send is done once every chunk is in the mailbox (its
 // buffer may be reused; the receiver may not have taken it yet); a message
 // larger than the mailbox goes by single copy where it can be read where it
-// lies (in the sender's heap region, or in its memory where the members can
-// read each other's: the receiver copies it straight into its output; the
-// send is done once it has), else waits for the receiver to empty the
-// mailbox. A receive
+// lies (in the sender's heap region; in its memory, of huge pages, where the
+// members can read each other's: the receiver copies it straight into its
+// output; the send is done once it has), else waits for the receiver to
+// empty the mailbox. A receive
 // checks each chunk's header (which message, where in it, how long) and
 // refuses a message of another length or tag: both sides then fail with the
 // same words. Between servers a send is done when UCX says so; a receive
@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/huge_pages.hpp"
 #include "core/group_impl.hpp"
 #include "engine/waits.hpp"
 #include "fastgather/ops.hpp"
@@ -131,7 +132,12 @@ engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int
   const uint64_t message = mail.next_message(to);
   const transport::ShmHeap* heap = gi.channel->heap();
   const std::optional<uint64_t> in_heap = heap != nullptr ? heap->own_offset(src, total) : std::nullopt;
-  if (total >= ShmMail::kSingleCopyMin && (in_heap || gi.channel->capabilities().reads_peer_memory)) {
+  // process_vm_readv pays per page it pins: of 4 KiB pages, it is slower than
+  // the mailbox's two pipelined copies for large messages (the all-gather's
+  // single copy follows the same rule; docs/benchmarks.md).
+  const bool readable = gi.channel->capabilities().reads_peer_memory &&
+                        (gi.settings.single_copy == Settings::SingleCopy::kAlways || base::in_huge_range(src, total));
+  if (total >= ShmMail::kSingleCopyMin && (in_heap || readable)) {
     // Single copy: the receiver reads the bytes where they lie (from the
     // heap, or from this process); the send is done once it has.
     if (Status s = co_await engine::mail_room(mail, to); !s.ok()) co_return s;
