@@ -3,6 +3,7 @@
 // (run_processes) that the library's launch helper and fg-bench use,
 // CPU binding, and the sweep of a job's segments. Above transport (it sweeps
 // shared memory), beside core (it never builds a communicator itself).
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -191,7 +192,8 @@ class StopSignals {
 // neither can clean up then: a segment made but not yet unlinked would stay
 // in /dev/shm). Forked twice, so that it is nobody's child to wait for; it
 // ignores the stop signals (a Ctrl-C to the job's process group must not
-// take it first), keeps no other descriptor, and exits after the sweep.
+// take it first), keeps no other descriptor (its standard ones are
+// /dev/null), and exits after the sweep.
 // Returns the write end (-1: none could be made; the spawner's own sweep at
 // the end is then all there is).
 int start_segment_reaper(const std::string& job) {
@@ -208,6 +210,11 @@ int start_segment_reaper(const std::string& job) {
     if (::fork() != 0) ::_exit(0);  // the reaper is its child, then init's (or a subreaper's)
     for (int sig : kStopSignals) ::signal(sig, SIG_IGN);
     ::setsid();  // no terminal's signals either
+    // Nothing of the job's but the pipe: not its output either (a reader of
+    // the job's stdout would otherwise wait for the reaper's end too).
+    if (const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC); null >= 0) {
+      for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
+    }
     for (int fd = 3; fd < 4096; ++fd) {
       if (fd != fds[0]) ::close(fd);
     }
