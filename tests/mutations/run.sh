@@ -16,7 +16,7 @@ cmake -S "$WORK" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_R
 # FG_MUTATIONS_ONLY=REGEX runs only the mutations whose name matches (while writing one).
 # name | file | perl substitution | test binary | gtest filter (no '|' inside a field)
 MUTATIONS=(
-  "fg-bench's all_to_all row never calls the library|tools/fg-bench/cases.cpp|s/return all_to_all\(g_, b\.in\.view\(\), b\.out\.view\(\)\);/return Status::Ok();/|test_bench|FgBench.AllToAllAndSendRecvBesideMpiChecked"
+  "fg-bench's all_to_all row never calls the library|tools/fg-bench/cases.cpp|s/return all_to_all\(g_, set\(it\)\.in\.view\(\), set\(it\)\.out\.view\(\)\);/return Status::Ok();/|test_bench|FgBench.AllToAllAndSendRecvBesideMpiChecked"
   "fg-bench's send_recv row sends its output buffer|tools/fg-bench/cases.cpp|s/Request sent = start_send\(g_, b\.in\.view\(\)/Request sent = start_send(g_, b.out.view()/|test_bench|FgBench.AllToAllAndSendRecvBesideMpiChecked"
   "fg-bench checks an output path's permission but writes no test byte|tools/fg-bench/host.cpp|s/if \(exists && !std::filesystem::is_regular_file\(p, ec\)\) \{/if (false) {/|test_bench|FgBench.BadFlagsAndSizesAreRefusedByName"
   "a store client whose deadline passed before its first try says (Success)|src/bootstrap/tcp_store.cpp|s/last_errno != 0 \? std::strerror\(last_errno\)/true ? std::strerror(last_errno)/|test_tcp_store|TcpStore.ADeadlineGoneBeforeTheFirstTrySaysSo"

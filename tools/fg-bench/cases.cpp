@@ -235,10 +235,13 @@ std::unique_ptr<Case> make_staged_all_gather_list(Group& g, const CaseShape& s) 
 }
 namespace {
 
-class AllToAllCase : public Case {
- public:
-  AllToAllCase(Group& g, const CaseShape& s) : g_(g) {
-    op = "all_to_all";
+// A case with one input (from the heap where the shape says) and one output,
+// each m x hidden, per variant: all_to_all's and send/recv's. The derived
+// constructor fills the inputs (prepare() is theirs).
+class InOutCase : public Case {
+ protected:
+  InOutCase(Group& g, const CaseShape& s, const char* name) : g_(g) {
+    op = name;
     impl = "fastgather";
     m = s.m;
     dtype = s.dtype;
@@ -249,65 +252,54 @@ class AllToAllCase : public Case {
       bytes_per_rank = b.in.nbytes();
       sets_.push_back(std::move(b));
     }
-    for (size_t v = 0; v < sets_.size(); ++v) prepare(v);
   }
-  Status run(uint64_t it) override {
-    Buffers& b = sets_[it % sets_.size()];
-    return all_to_all(g_, b.in.view(), b.out.view());
+  Buffers& set(uint64_t it) { return sets_[it % sets_.size()]; }
+  size_t variants() const { return sets_.size(); }
+  Group& g_;
+
+ private:
+  std::vector<Buffers> sets_;
+};
+
+class AllToAllCase : public InOutCase {
+ public:
+  AllToAllCase(Group& g, const CaseShape& s) : InOutCase(g, s, "all_to_all") {
+    for (size_t v = 0; v < variants(); ++v) prepare(v);
   }
+  Status run(uint64_t it) override { return all_to_all(g_, set(it).in.view(), set(it).out.view()); }
   void prepare(uint64_t it) override {
-    pattern::fill_parts(sets_[it % sets_.size()].in.data(), part(), g_.size(), g_.ranks()[g_.rank()], g_.ranks().data(), it);
+    pattern::fill_parts(set(it).in.data(), part(), g_.size(), g_.ranks()[g_.rank()], g_.ranks().data(), it);
   }
   std::string verify(uint64_t it) override {
-    return check_all_to_all(sets_[it % sets_.size()].out.data(), part(), g_.ranks(), g_.ranks()[g_.rank()], it,
-                            op + "/" + impl);
+    return check_all_to_all(set(it).out.data(), part(), g_.ranks(), g_.ranks()[g_.rank()], it, op + "/" + impl);
   }
 
  private:
   size_t part() const { return bytes_per_rank / static_cast<size_t>(g_.size()); }
-  Group& g_;
-  std::vector<Buffers> sets_;
 };
 
 // Each rank sends its m x hidden to the next group rank and receives the
 // previous one's (a ring shift, as a pipeline's stages pass activations on).
-class SendRecvCase : public Case {
+class SendRecvCase : public InOutCase {
  public:
-  SendRecvCase(Group& g, const CaseShape& s) : g_(g) {
-    op = "send_recv";
-    impl = "fastgather";
-    m = s.m;
-    dtype = s.dtype;
-    for (int v = 0; v < std::max(s.variants, 1); ++v) {
-      Buffers b;
-      b.in = input_tensor(g, s, {s.m, s.hidden});
-      b.out = Tensor::empty(s.dtype, {s.m, s.hidden});
-      bytes_per_rank = b.in.nbytes();
-      sets_.push_back(std::move(b));
-    }
-    for (size_t v = 0; v < sets_.size(); ++v) prepare(v);
+  SendRecvCase(Group& g, const CaseShape& s) : InOutCase(g, s, "send_recv") {
+    for (size_t v = 0; v < variants(); ++v) prepare(v);
   }
   Status run(uint64_t it) override {
-    Buffers& b = sets_[it % sets_.size()];
+    Buffers& b = set(it);
     const int n = g_.size(), me = g_.rank();
     Request sent = start_send(g_, b.in.view(), (me + 1) % n);
     const Status got = recv(g_, b.out.view(), (me + n - 1) % n);
     const Status s = sent.wait();
     return got.ok() ? s : got;
   }
-  void prepare(uint64_t it) override {
-    pattern::fill(sets_[it % sets_.size()].in.data(), bytes_per_rank, g_.ranks()[g_.rank()], it);
-  }
+  void prepare(uint64_t it) override { pattern::fill(set(it).in.data(), bytes_per_rank, g_.ranks()[g_.rank()], it); }
   std::string verify(uint64_t it) override {
     const int from = g_.ranks()[static_cast<size_t>((g_.rank() + g_.size() - 1) % g_.size())];
-    const long long bad = pattern::find_mismatch(sets_[it % sets_.size()].out.data(), bytes_per_rank, from, it);
+    const long long bad = pattern::find_mismatch(set(it).out.data(), bytes_per_rank, from, it);
     return bad < 0 ? std::string() : fmt::format("send_recv/fastgather: rank {}'s message wrong at byte {} (iteration {})",
                                                  from, bad, it);
   }
-
- private:
-  Group& g_;
-  std::vector<Buffers> sets_;
 };
 
 }  // namespace

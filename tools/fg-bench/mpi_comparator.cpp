@@ -34,18 +34,24 @@ class MpiCase : public Case {
     members_.resize(static_cast<size_t>(size_));
     MPI_Allgather(&g_world_rank, 1, MPI_INT, members_.data(), 1, MPI_INT, g_group);
   }
+  // One input and one output of these shapes per variant; the derived
+  // constructor then fills the inputs (prepare() is theirs).
+  void allocate(const CaseShape& s, const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+    for (int v = 0; v < std::max(s.variants, 1); ++v) {
+      ins_.push_back(Tensor::empty(s.dtype, in));
+      outs_.push_back(Tensor::empty(s.dtype, out));
+    }
+    bytes_per_rank = ins_.front().nbytes();
+  }
   int size_ = 0, rank_ = 0;
   std::vector<int> members_;
+  std::vector<Tensor> ins_, outs_;
 };
 
 class MpiAllGatherCase : public MpiCase {
  public:
   explicit MpiAllGatherCase(const CaseShape& s) : MpiCase("all_gather", s) {
-    for (int v = 0; v < std::max(s.variants, 1); ++v) {
-      ins_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
-      outs_.push_back(Tensor::empty(s.dtype, {s.m * size_, s.hidden}));
-    }
-    bytes_per_rank = ins_.front().nbytes();
+    allocate(s, {s.m, s.hidden}, {s.m * size_, s.hidden});
     for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
   }
   Status run(uint64_t it) override {
@@ -67,18 +73,11 @@ class MpiAllGatherCase : public MpiCase {
     }
     return {};
   }
-
- private:
-  std::vector<Tensor> ins_, outs_;
 };
 class MpiAllToAllCase : public MpiCase {
  public:
   explicit MpiAllToAllCase(const CaseShape& s) : MpiCase("all_to_all", s) {
-    for (int v = 0; v < std::max(s.variants, 1); ++v) {
-      ins_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
-      outs_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
-    }
-    bytes_per_rank = ins_.front().nbytes();
+    allocate(s, {s.m, s.hidden}, {s.m, s.hidden});
     for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
   }
   Status run(uint64_t it) override {
@@ -97,17 +96,12 @@ class MpiAllToAllCase : public MpiCase {
 
  private:
   size_t part() const { return bytes_per_rank / static_cast<size_t>(size_); }
-  std::vector<Tensor> ins_, outs_;
 };
 
 class MpiSendRecvCase : public MpiCase {
  public:
   explicit MpiSendRecvCase(const CaseShape& s) : MpiCase("send_recv", s) {
-    for (int v = 0; v < std::max(s.variants, 1); ++v) {
-      ins_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
-      outs_.push_back(Tensor::empty(s.dtype, {s.m, s.hidden}));
-    }
-    bytes_per_rank = ins_.front().nbytes();
+    allocate(s, {s.m, s.hidden}, {s.m, s.hidden});
     for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
   }
   Status run(uint64_t it) override {
@@ -124,9 +118,6 @@ class MpiSendRecvCase : public MpiCase {
     const long long bad = pattern::find_mismatch(outs_[it % outs_.size()].data(), bytes_per_rank, from, it);
     return bad < 0 ? std::string() : fmt::format("send_recv/mpi: rank {}'s message wrong at byte {}", from, bad);
   }
-
- private:
-  std::vector<Tensor> ins_, outs_;
 };
 
 class MpiReduceCase : public MpiCase {
@@ -135,11 +126,7 @@ class MpiReduceCase : public MpiCase {
       : MpiCase(scatter ? "reduce_scatter" : "all_reduce", s), type_(type), scatter_(scatter) {
     count_ = static_cast<size_t>(s.m * s.hidden);
     out_count_ = scatter ? count_ / static_cast<size_t>(size_) : count_;
-    for (int v = 0; v < std::max(s.variants, 1); ++v) {
-      ins_.push_back(Tensor::empty(s.dtype, {static_cast<int64_t>(count_)}));
-      outs_.push_back(Tensor::empty(s.dtype, {static_cast<int64_t>(out_count_)}));
-    }
-    bytes_per_rank = ins_.front().nbytes();
+    allocate(s, {static_cast<int64_t>(count_)}, {static_cast<int64_t>(out_count_)});
     for (size_t v = 0; v < ins_.size(); ++v) prepare(v);
   }
   Status run(uint64_t it) override {
@@ -161,7 +148,6 @@ class MpiReduceCase : public MpiCase {
   MPI_Datatype type_;
   bool scatter_;
   size_t count_ = 0, out_count_ = 0;
-  std::vector<Tensor> ins_, outs_;
 };
 
 std::unique_ptr<Case> make_reduce(const CaseShape& s, bool scatter) {
