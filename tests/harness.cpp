@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <cerrno>
 #include <thread>
 
 #include <fmt/format.h>
@@ -69,6 +70,17 @@ std::string describe_hung(pid_t pid) {
 }
 
 }  // namespace
+
+bool reap_all_children(std::chrono::milliseconds within, std::chrono::milliseconds every) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  for (;;) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(every);
+  }
+}
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

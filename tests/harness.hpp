@@ -35,6 +35,11 @@ struct JobOptions {
 using RankBody = std::function<std::string(const fastgather::Config&)>;
 
 int free_port();
+
+// Reaps this process's children until none is left (true) or `within` has
+// passed (false), looking every `every`. A subreaper (PR_SET_CHILD_SUBREAPER)
+// counts the orphans below it too: "nothing left" of a job it started.
+bool reap_all_children(std::chrono::milliseconds within, std::chrono::milliseconds every);
 std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options = {});
 // Fails the current test with every rank's error unless all succeeded.
 void expect_all_ok(const std::vector<RankResult>& results);

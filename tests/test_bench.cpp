@@ -534,13 +534,7 @@ TEST(FgBench, ItsSpawnerKilledItsRanksDieAtOnceAndLeaveNoSegment) {
     ASSERT_FALSE(files.empty()) << "no rank mapped a segment within 20 s (servers " << servers << ")";
     const auto t0 = std::chrono::steady_clock::now();
     ::kill(top, SIGKILL);
-    bool gone = false;
-    while (!gone && std::chrono::steady_clock::now() < t0 + std::chrono::seconds(10)) {
-      while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-      }
-      gone = ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD;
-      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    const bool gone = fgtest::reap_all_children(std::chrono::seconds(10), std::chrono::milliseconds(1));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_TRUE(gone) << "processes left 10 s after killing the spawner (servers " << servers << ")";
     EXPECT_LT(ms, 1000) << "the ranks outlived their spawner by " << ms << " ms (servers " << servers << ")";
@@ -593,14 +587,7 @@ TEST(FgBench, KilledDuringItsLimitsMeasurementItLeavesNoProcess) {
       } else {
         ::kill(top, SIGKILL);
       }
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      bool none = false;
-      while (!none && std::chrono::steady_clock::now() < until) {
-        while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-        }
-        none = ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD;
-        if (!none) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+      const bool none = fgtest::reap_all_children(std::chrono::seconds(10), std::chrono::milliseconds(20));
       EXPECT_TRUE(none) << "processes left 10 s after killing " << (ranks ? "the ranks" : "fg-bench") << " at "
                         << delay_ms << " ms";
       if (!none) {

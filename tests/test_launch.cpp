@@ -158,14 +158,7 @@ TEST(RunLocalRanks, ASpawnerKilledLeavesNoSegmentOfItsJob) {
   const std::filesystem::path file = "/dev/shm" + name;
   EXPECT_TRUE(std::filesystem::exists(file)) << file;
   ::kill(spawner, SIGKILL);
-  bool none = false;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!none && std::chrono::steady_clock::now() < until) {
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
-    none = ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD;
-    if (!none) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  const bool none = fgtest::reap_all_children(std::chrono::seconds(10), std::chrono::milliseconds(5));
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);
   EXPECT_TRUE(none) << "processes left 10 s after the spawner's SIGKILL";
   EXPECT_FALSE(std::filesystem::exists(file)) << file << " left behind";

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -95,57 +96,51 @@ TEST_P(Ring, EveryByteWaitingForTheSendFirst) {
   }, o));
 }
 
-// The same ring with every message in the sender's region of the group's
-// heap: past the mailbox's size the receiver copies it from there (one copy,
-// no system call); smaller ones still go through the mailbox.
+// A message of each size around the ring, each past the mailbox's size read
+// where it lies: from the sender's region of the group's heap (the receiver
+// copies it from there: one copy, no system call), or from its ordinary
+// memory by process_vm_readv (FG_SINGLE_COPY=always makes that memory count
+// as readable, as a huge-page buffer is). Smaller ones still go through the
+// mailbox.
+std::string ring_read_where_it_lies(const Config& c, bool from_heap) {
+  auto comm = Communicator::create(from_heap ? c : reading_peers(c));
+  RANK_OK(comm.status());
+  Group& g = (*comm)->world();
+  const int n = g.size(), me = g.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  const char* where = from_heap ? "heap" : "memory";
+  const int64_t tag = from_heap ? 6 : 7;
+  uint64_t it = from_heap ? 100 : 200;
+  for (size_t bytes : kSizes) {
+    ++it;
+    std::vector<uint8_t> out = message(me, next, bytes, it), in(bytes, 0xEE);
+    TensorView sent_view = view(out);
+    std::optional<Tensor> in_heap;  // the message's copy in the heap, alive until the send is done
+    if (from_heap) {
+      auto t = g.empty(DType::kU8, {static_cast<int64_t>(bytes)});
+      RANK_OK(t.status());
+      in_heap.emplace(std::move(t).value());
+      if (bytes != 0) std::memcpy(in_heap->data(), out.data(), bytes);
+      sent_view = in_heap->view();
+    }
+    Request sent = start_send(g, sent_view, next, tag);
+    RANK_OK(recv(g, view(in), prev, tag));
+    RANK_OK(sent.wait());
+    const long long bad = wrong(in, prev, me, it);
+    RANK_CHECK(bad < 0, "{} bytes from rank {}'s {}: byte {} is wrong", bytes, prev, where, bad);
+  }
+  return "";
+}
+
 TEST_P(Ring, EveryByteFromTheHeap) {
   fgtest::JobOptions o;
   o.timeout = 20s;
-  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    Group& g = (*comm)->world();
-    const int n = g.size(), me = g.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
-    uint64_t it = 100;
-    for (size_t bytes : kSizes) {
-      ++it;
-      auto out = g.empty(DType::kU8, {static_cast<int64_t>(bytes)});
-      RANK_OK(out.status());
-      const std::vector<uint8_t> m = message(me, next, bytes, it);
-      if (bytes != 0) std::memcpy(out->data(), m.data(), bytes);
-      std::vector<uint8_t> in(bytes, 0xEE);
-      Request s = start_send(g, out->view(), next, 6);
-      RANK_OK(recv(g, view(in), prev, 6));
-      RANK_OK(s.wait());
-      const long long bad = wrong(in, prev, me, it);
-      RANK_CHECK(bad < 0, "{} bytes from rank {}'s heap: byte {} is wrong", bytes, prev, bad);
-    }
-    return "";
-  }, o));
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return ring_read_where_it_lies(c, true); }, o));
 }
 
-// The same ring read by process_vm_readv, as from a huge-page buffer
-// (FG_SINGLE_COPY=always makes ordinary memory count as readable).
 TEST_P(Ring, EveryByteReadFromTheSendersMemory) {
   fgtest::JobOptions o;
   o.timeout = 20s;
-  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
-    auto comm = Communicator::create(reading_peers(c));
-    RANK_OK(comm.status());
-    Group& g = (*comm)->world();
-    const int n = g.size(), me = g.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
-    uint64_t it = 200;
-    for (size_t bytes : kSizes) {
-      ++it;
-      std::vector<uint8_t> out = message(me, next, bytes, it), in(bytes, 0xEE);
-      Request sent = start_send(g, view(out), next, 7);
-      RANK_OK(recv(g, view(in), prev, 7));
-      RANK_OK(sent.wait());
-      const long long bad = wrong(in, prev, me, it);
-      RANK_CHECK(bad < 0, "{} bytes read from rank {}'s memory: byte {} is wrong", bytes, prev, bad);
-    }
-    return "";
-  }, o));
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) { return ring_read_where_it_lies(c, false); }, o));
 }
 
 INSTANTIATE_TEST_SUITE_P(PointToPoint, Ring, ::testing::Values(2, 3, 5));
