@@ -157,7 +157,10 @@ engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink)
   const std::optional<uint64_t> at_heap = ch.heap() != nullptr ? ch.heap()->own_offset(call.input, mine) : std::nullopt;
   offer.addr = at_heap ? *at_heap : reinterpret_cast<uint64_t>(call.input);
   offer.in_heap = at_heap ? 1 : 0;
-  offer.readable = at_heap || call.settings->single_copy == Settings::SingleCopy::kAlways || base::in_huge_range(call.input, mine) ? 1 : 0;
+  offer.readable =
+      at_heap || base::worth_reading_by_peers(call.input, mine, call.settings->single_copy == Settings::SingleCopy::kAlways)
+          ? 1
+          : 0;
   bool all_readable = offer.readable != 0;
   auto own = [&] {
     if (mine != 0) sink(me, 0, call.input, mine);

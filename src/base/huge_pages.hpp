@@ -14,5 +14,9 @@ void note_huge_range(const void* begin, size_t bytes);
 size_t forget_huge_range(const void* begin);
 // Whether [p, p+bytes) lies within one noted range.
 bool in_huge_range(const void* p, size_t bytes);
+// Whether an owner offers [p, p+bytes) to be read by process_vm_readv: of
+// huge pages, or whatever it is where FG_SINGLE_COPY=always (the all-gather's
+// single copy and a send past the mailbox ask the same).
+inline bool worth_reading_by_peers(const void* p, size_t bytes, bool always) { return always || in_huge_range(p, bytes); }
 
 }  // namespace fastgather::base

@@ -133,10 +133,10 @@ engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int
   const transport::ShmHeap* heap = gi.channel->heap();
   const std::optional<uint64_t> in_heap = heap != nullptr ? heap->own_offset(src, total) : std::nullopt;
   // process_vm_readv pays per page it pins: of 4 KiB pages, it is slower than
-  // the mailbox's two pipelined copies for large messages (the all-gather's
-  // single copy follows the same rule; docs/benchmarks.md).
-  const bool readable = gi.channel->capabilities().reads_peer_memory &&
-                        (gi.settings.single_copy == Settings::SingleCopy::kAlways || base::in_huge_range(src, total));
+  // the mailbox's two pipelined copies for large messages (docs/benchmarks.md).
+  const bool readable =
+      gi.channel->capabilities().reads_peer_memory &&
+      base::worth_reading_by_peers(src, total, gi.settings.single_copy == Settings::SingleCopy::kAlways);
   if (total >= ShmMail::kSingleCopyMin && (in_heap || readable)) {
     // Single copy: the receiver reads the bytes where they lie (from the
     // heap, or from this process); the send is done once it has.
