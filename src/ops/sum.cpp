@@ -26,7 +26,38 @@ const T* as(const std::byte* p) {
 // Accumulators for this many elements stay in L1 while every source adds to them.
 constexpr size_t kBlock = 1024;
 
-FG_VECTOR_CLONES void sum_f32(float* dst, const std::byte* const* s, int n, size_t count) {
+// What an average divides each block's sum by while the block is in L1 (a
+// second pass over the result would read it back from memory): `by` members,
+// or where they are a power of two, times `inverse` = 1/by, which is exact, so
+// that x * inverse is x / by to the bit (the same real number, rounded once)
+// at a fraction of a division's cost. by == 0: the sum itself.
+template <typename T>
+struct Divide {
+  T by = 0;
+  T inverse = 0;
+};
+
+template <typename T>
+Divide<T> divide_by(int members) {
+  Divide<T> d;
+  d.by = static_cast<T>(members);
+  if (std::has_single_bit(static_cast<unsigned>(members))) d.inverse = T(1) / d.by;
+  return d;
+}
+
+template <typename T>
+inline void store(T* o, const T* acc, size_t m, Divide<T> d) {
+  if (d.inverse != 0) {
+    for (size_t i = 0; i < m; ++i) o[i] = acc[i] * d.inverse;
+  } else if (d.by != 0) {
+    for (size_t i = 0; i < m; ++i) o[i] = acc[i] / d.by;
+  } else {
+    for (size_t i = 0; i < m; ++i) o[i] = acc[i];
+  }
+}
+
+// n >= 2.
+FG_VECTOR_CLONES void sum_f32(float* dst, const std::byte* const* s, int n, size_t count, Divide<float> d = {}) {
   float acc[kBlock];
   for (size_t at = 0; at < count; at += kBlock) {
     const size_t m = std::min(kBlock, count - at);
@@ -37,8 +68,7 @@ FG_VECTOR_CLONES void sum_f32(float* dst, const std::byte* const* s, int n, size
       const float* c = as<float>(s[j]) + at;
       for (size_t i = 0; i < m; ++i) acc[i] += c[i];
     }
-    float* o = dst + at;
-    for (size_t i = 0; i < m; ++i) o[i] = acc[i];
+    store(dst + at, acc, m, d);
   }
 }
 
@@ -50,7 +80,7 @@ inline uint16_t to_bf16(float f) {  // as float_to_bf16 (tensor.hpp), branch-fre
   return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
-FG_VECTOR_CLONES void sum_bf16(uint16_t* dst, const std::byte* const* s, int n, size_t count) {
+FG_VECTOR_CLONES void sum_bf16(uint16_t* dst, const std::byte* const* s, int n, size_t count, Divide<uint16_t>) {
   float acc[kBlock];
   for (size_t at = 0; at < count; at += kBlock) {
     const size_t m = std::min(kBlock, count - at);
@@ -71,7 +101,7 @@ FG_VECTOR_CLONES void add_f32(float* acc, const float* s, size_t m) {
 }
 
 // fp16 through the conversions the fused op uses (F16C where the CPU has it).
-void sum_f16(uint16_t* dst, const std::byte* const* s, int n, size_t count) {
+void sum_f16(uint16_t* dst, const std::byte* const* s, int n, size_t count, Divide<uint16_t>) {
   float acc[kBlock], next[kBlock];
   for (size_t at = 0; at < count; at += kBlock) {
     const size_t m = std::min(kBlock, count - at);
@@ -86,7 +116,7 @@ void sum_f16(uint16_t* dst, const std::byte* const* s, int n, size_t count) {
 
 // fp64 and the integers (as unsigned: they wrap rather than overflow).
 template <typename T>
-void sum_plain(T* dst, const std::byte* const* s, int n, size_t count) {
+void sum_plain(T* dst, const std::byte* const* s, int n, size_t count, Divide<T> d = {}) {
   T acc[kBlock];
   for (size_t at = 0; at < count; at += kBlock) {
     const size_t m = std::min(kBlock, count - at);
@@ -96,14 +126,14 @@ void sum_plain(T* dst, const std::byte* const* s, int n, size_t count) {
       const T* c = as<T>(s[j]) + at;
       for (size_t i = 0; i < m; ++i) acc[i] += c[i];
     }
-    std::memcpy(dst + at, acc, m * sizeof(T));
+    store(dst + at, acc, m, d);
   }
 }
 
 template <typename T>
 void sum_as(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes,
-            void (*f)(T*, const std::byte* const*, int, size_t)) {
-  f(reinterpret_cast<T*>(dst), srcs, n, bytes / sizeof(T));
+            void (*f)(T*, const std::byte* const*, int, size_t, Divide<T>)) {
+  f(reinterpret_cast<T*>(dst), srcs, n, bytes / sizeof(T), Divide<T>{});
 }
 
 // fp16/bf16 summed into fp32 (to_float: bf16 exactly, fp16 as sum_f16 does).
@@ -157,35 +187,43 @@ T combine(ReduceOp op, T a, T b) {
   }
 }
 
-// dst = srcs[0] op ... op srcs[n-1], one op per call of the loop (the
-// compiler vectorises the switch out of each instantiation's inner loop).
-template <typename T>
-FG_VECTOR_CLONES void fold_plain(ReduceOp op, T* dst, const std::byte* const* s, int n, size_t count) {
+// dst = srcs[0] op ... op srcs[n-1] (n >= 2), the op fixed per instantiation
+// so that the compiler vectorises each loop; the first two sources combined
+// straight into the block's accumulators, as the sum's loop does.
+template <ReduceOp kOp, typename T>
+FG_VECTOR_CLONES void fold_as(T* dst, const std::byte* const* s, int n, size_t count) {
   T acc[kBlock];
   for (size_t at = 0; at < count; at += kBlock) {
     const size_t m = std::min(kBlock, count - at);
-    std::memcpy(acc, as<T>(s[0]) + at, m * sizeof(T));
-    for (int j = 1; j < n; ++j) {
+    const T* a = as<T>(s[0]) + at;
+    const T* b = as<T>(s[1]) + at;
+    for (size_t i = 0; i < m; ++i) acc[i] = combine(kOp, a[i], b[i]);
+    for (int j = 2; j < n; ++j) {
       const T* c = as<T>(s[j]) + at;
-      switch (op) {
-        case ReduceOp::kProduct: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kProduct, acc[i], c[i]); break;
-        case ReduceOp::kMin: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kMin, acc[i], c[i]); break;
-        case ReduceOp::kMax: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kMax, acc[i], c[i]); break;
-        case ReduceOp::kBand: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kBand, acc[i], c[i]); break;
-        case ReduceOp::kBor: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kBor, acc[i], c[i]); break;
-        case ReduceOp::kBxor: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kBxor, acc[i], c[i]); break;
-        default: for (size_t i = 0; i < m; ++i) acc[i] = combine(ReduceOp::kSum, acc[i], c[i]); break;
-      }
+      for (size_t i = 0; i < m; ++i) acc[i] = combine(kOp, acc[i], c[i]);
     }
     std::memcpy(dst + at, acc, m * sizeof(T));
   }
 }
 
+template <typename T>
+void fold_plain(ReduceOp op, T* dst, const std::byte* const* s, int n, size_t count) {
+  switch (op) {
+    case ReduceOp::kProduct: return fold_as<ReduceOp::kProduct>(dst, s, n, count);
+    case ReduceOp::kMin: return fold_as<ReduceOp::kMin>(dst, s, n, count);
+    case ReduceOp::kMax: return fold_as<ReduceOp::kMax>(dst, s, n, count);
+    case ReduceOp::kBand: return fold_as<ReduceOp::kBand>(dst, s, n, count);
+    case ReduceOp::kBor: return fold_as<ReduceOp::kBor>(dst, s, n, count);
+    case ReduceOp::kBxor: return fold_as<ReduceOp::kBxor>(dst, s, n, count);
+    default: return fold_as<ReduceOp::kSum>(dst, s, n, count);
+  }
+}
+
 // Where the sources are fp16/bf16 (`wide`: fp32 partials instead) and the
 // result fp32 (`narrow`: rounded once to the dtype), combined in fp32 and,
-// with `divide`, divided by it at the end.
+// with `divide`, divided at the end.
 void fold_half(ReduceOp op, DType dtype, std::byte* dst, const std::byte* const* s, int n, size_t count, bool wide,
-               bool narrow, float divide) {
+               bool narrow, Divide<float> divide) {
   float acc[kBlock], next[kBlock];
   for (size_t at = 0; at < count; at += kBlock) {
     const size_t m = std::min(kBlock, count - at);
@@ -202,9 +240,7 @@ void fold_half(ReduceOp op, DType dtype, std::byte* dst, const std::byte* const*
         for (size_t i = 0; i < m; ++i) acc[i] = combine(op, acc[i], next[i]);
       }
     }
-    if (divide != 0) {
-      for (size_t i = 0; i < m; ++i) acc[i] /= divide;
-    }
+    if (divide.by != 0) store(acc, acc, m, divide);
     if (narrow) from_float(dtype, acc, reinterpret_cast<uint16_t*>(dst) + at, m);
     else std::memcpy(reinterpret_cast<float*>(dst) + at, acc, m * sizeof(float));
   }
@@ -223,7 +259,7 @@ void fold(ReduceOp op, DType dtype, std::byte* dst, const std::byte* const* srcs
   switch (dtype) {
     case DType::kF32: return fold_plain<float>(op, reinterpret_cast<float*>(dst), srcs, n, bytes / 4);
     case DType::kF64: return fold_plain<double>(op, reinterpret_cast<double*>(dst), srcs, n, bytes / 8);
-    case DType::kF16: case DType::kBF16: return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, true, 0);
+    case DType::kF16: case DType::kBF16: return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, true, {});
     case DType::kI8: return fold_plain<int8_t>(op, reinterpret_cast<int8_t*>(dst), srcs, n, bytes);
     case DType::kU8: return fold_plain<uint8_t>(op, reinterpret_cast<uint8_t*>(dst), srcs, n, bytes);
     case DType::kBool: return fold_plain<uint8_t>(on_bool(op), reinterpret_cast<uint8_t*>(dst), srcs, n, bytes);
@@ -231,13 +267,6 @@ void fold(ReduceOp op, DType dtype, std::byte* dst, const std::byte* const* srcs
     case DType::kI32: return fold_plain<int32_t>(op, reinterpret_cast<int32_t*>(dst), srcs, n, bytes / 4);
     case DType::kI64: return fold_plain<int64_t>(op, reinterpret_cast<int64_t*>(dst), srcs, n, bytes / 8);
   }
-}
-
-template <typename T>
-void divide_by(std::byte* dst, size_t count, int members) {
-  T* d = reinterpret_cast<T*>(dst);
-  const T by = static_cast<T>(members);
-  for (size_t i = 0; i < count; ++i) d[i] /= by;
 }
 
 // A partial of fp16/bf16 is fp32 where the reduction rounds (sum, avg, product).
@@ -251,10 +280,12 @@ void Reduction::apply(std::byte* dst, const std::byte* const* srcs, int n, size_
   // The sum's own loops (vectorised by hand) serve fp32, fp16, bf16, fp64, int32, int64.
   if (op == ReduceOp::kSum && summable(dtype)) return sum(dtype, dst, srcs, n, bytes);
   if (op == ReduceOp::kAvg) {
-    if (half(dtype)) return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, true, static_cast<float>(members));
-    sum(dtype, dst, srcs, n, bytes);
-    if (dtype == DType::kF64) return divide_by<double>(dst, bytes / 8, members);
-    return divide_by<float>(dst, bytes / 4, members);
+    if (half(dtype)) return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, true, divide_by<float>(members));
+    if (dtype == DType::kF64) {
+      return sum_plain<double>(reinterpret_cast<double*>(dst), srcs, n, bytes / 8, divide_by<double>(members));
+    }
+    if (n == 1) return sum_plain<float>(reinterpret_cast<float*>(dst), srcs, n, bytes / 4, divide_by<float>(members));
+    return sum_f32(reinterpret_cast<float*>(dst), srcs, n, bytes / 4, divide_by<float>(members));
   }
   if (n == 1) {
     if (dst != srcs[0]) std::memmove(dst, srcs[0], bytes);
@@ -266,7 +297,7 @@ void Reduction::apply(std::byte* dst, const std::byte* const* srcs, int n, size_
 size_t Reduction::widening() const { return widened(op, dtype) ? 2 : 1; }
 
 void Reduction::partial(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const {
-  if (widened(op, dtype)) return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, false, 0);
+  if (widened(op, dtype)) return fold_half(op, dtype, dst, srcs, n, bytes / 2, false, false, {});
   Reduction r = *this;
   if (op == ReduceOp::kAvg) r.op = ReduceOp::kSum;  // divided once, at the end
   r.apply(dst, srcs, n, bytes);
@@ -275,7 +306,7 @@ void Reduction::partial(std::byte* dst, const std::byte* const* srcs, int n, siz
 void Reduction::of_partials(std::byte* dst, const std::byte* const* srcs, int n, size_t bytes) const {
   if (widened(op, dtype)) {
     return fold_half(op, dtype, dst, srcs, n, bytes / 2, true, true,
-                     op == ReduceOp::kAvg ? static_cast<float>(members) : 0.0f);
+                     op == ReduceOp::kAvg ? divide_by<float>(members) : Divide<float>{});
   }
   apply(dst, srcs, n, bytes);  // kAvg: the partials' sum, divided by the members
 }

@@ -150,6 +150,9 @@ MUTATIONS=(
   "max reduces as min|src/ops/sum.cpp|s/case ReduceOp::kMax: return \(a > b /case ReduceOp::kMax: return (a < b /|test_reductions|Reductions.EveryReductionEveryDtypeWithinAServer"
   "a bool sum adds instead of or-ing|src/ops/sum.cpp|s/case ReduceOp::kSum: case ReduceOp::kMax: return ReduceOp::kBor;/case ReduceOp::kMax: return ReduceOp::kBor;/|test_reductions|Reductions.EveryReductionEveryDtypeWithinAServer"
   "across servers each server's partial average is divided too|src/ops/sum.cpp|s/  if \(op == ReduceOp::kAvg\) r\.op = ReduceOp::kSum;  \/\/ divided once, at the end\n//|test_reductions|Reductions.EveryReductionEveryDtypeAcrossServers"
+  "an average multiplies by the inverse of any group size|src/ops/sum.cpp|s/  if \(std::has_single_bit\(static_cast<unsigned>\(members\)\)\) d\.inverse/  d.inverse/|test_reductions|Reductions.EveryReductionEveryDtypeWithinAServer"
+  "an average of a power-of-two group is not divided|src/ops/sum.cpp|s/o\[i\] = acc\[i\] \* d\.inverse;/o[i] = acc[i];/|test_reductions|Reductions.EveryReductionEveryDtypeWithinAServer"
+  "a reduction but the sum skips its third source on|src/ops/sum.cpp|s/for \(int j = 2; j < n; \+\+j\) \{\n      const T\* c = as<T>\(s\[j\]\) \+ at;\n      for \(size_t i = 0; i < m; \+\+i\) acc\[i\] = combine/for (int j = 2; j < 2; ++j) {\n      const T* c = as<T>(s[j]) + at;\n      for (size_t i = 0; i < m; ++i) acc[i] = combine/|test_reductions|Reductions.EveryReductionEveryDtypeWithinAServer"
   "the reduction is left out of the call's header|src/ops/reductions.cpp|s/call\.aux = static_cast<uint64_t>\(options\.op\);/call.aux = 0;/|test_reductions|Reductions.DisagreementIsAMismatchAndUnservedReductionsAreRefused"
   "a mismatch names the peers in the order the waits took them|src/algo/allgather.cpp|s/std::sort\(differ\.begin\(\), differ\.end\(\)\);//|test_faults|Mismatch.TheFirstDisagreeingPeerDoesNotDependOnWhereRanksRun"
 )
