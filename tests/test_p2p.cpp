@@ -17,8 +17,10 @@
 
 #include <fmt/format.h>
 
+#include "core/group_impl.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
+#include "transport/shm_channel.hpp"
 
 using namespace fastgather;
 using namespace std::chrono_literals;
@@ -59,7 +61,8 @@ Config reading_peers(const Config& base) {
 
 // Empty, one byte, around a chunk (16 KiB), around a whole mailbox (64 KiB:
 // larger goes by single copy where members read each other's memory).
-const std::vector<size_t> kSizes = {0, 1, 16383, 16384, 16385, 65536, 65537, 200001, 1 << 20};
+// Past ShmMail::kReadInPlaceMax (2 MiB), ordinary memory goes through the mailbox again.
+const std::vector<size_t> kSizes = {0, 1, 16383, 16384, 16385, 65536, 65537, 200001, 1 << 20, (3 << 20) + 1};
 
 class Ring : public ::testing::TestWithParam<int> {};
 
@@ -144,6 +147,40 @@ TEST_P(Ring, EveryByteReadFromTheSendersMemory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PointToPoint, Ring, ::testing::Values(2, 3, 5));
+
+// A message of ordinary (4 KiB-page) memory past the mailbox and up to
+// ShmMail::kReadInPlaceMax is read where it lies by process_vm_readv (the
+// mailbox's chunks, each handed over with a wait, cost 2-10x more there);
+// a larger one, and one that fits the mailbox, go through the mailbox. The
+// receiver's count of bytes read from peers says which way each went.
+TEST(PointToPoint, OrdinaryMemoryUpToTheCutoffIsReadWhereItLies) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const transport::ShmChannel& ch = *impl_of(g)->channel;
+    const bool readable = ch.capabilities().reads_peer_memory;  // else every message goes through the mailbox
+    const int me = g.rank(), other = 1 - me;
+    uint64_t it = 300;
+    for (size_t bytes : {size_t{65536}, size_t{98304}, size_t{2} << 20, (size_t{2} << 20) + 4096, size_t{3} << 20}) {
+      ++it;
+      const bool read = readable && bytes > 65536 && bytes <= (size_t{2} << 20);
+      std::vector<uint8_t> out = message(0, 1, bytes, it), in(bytes, 0xEE);
+      const uint64_t before = ch.bytes_read_from_peers();
+      if (me == 0) {
+        RANK_OK(send(g, view(out), other, 9));
+      } else {
+        RANK_OK(recv(g, view(in), other, 9));
+        const long long bad = wrong(in, 0, 1, it);
+        RANK_CHECK(bad < 0, "{} bytes: byte {} is wrong", bytes, bad);
+        const uint64_t got = ch.bytes_read_from_peers() - before;
+        RANK_CHECK(got == (read ? bytes : 0), "{} bytes of ordinary memory: {} read from the sender's memory, want {}",
+                   bytes, got, read ? bytes : 0);
+      }
+    }
+    return "";
+  }));
+}
 
 // Many messages each way between two ranks, in flight together, taken in
 // the order they were sent.

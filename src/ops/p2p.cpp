@@ -10,10 +10,10 @@
 // Within a server a send is done once every chunk is in the mailbox (its
 // buffer may be reused; the receiver may not have taken it yet); a message
 // larger than the mailbox goes by single copy where it can be read where it
-// lies (in the sender's heap region; in its memory, of huge pages, where the
-// members can read each other's: the receiver copies it straight into its
-// output; the send is done once it has), else waits for the receiver to
-// empty the mailbox. A receive
+// lies (in the sender's heap region; in its memory, of huge pages or up to
+// ShmMail::kReadInPlaceMax bytes, where the members can read each other's:
+// the receiver copies it straight into its output; the send is done once it
+// has), else waits for the receiver to empty the mailbox. A receive
 // checks each chunk's header (which message, where in it, how long) and
 // refuses a message of another length or tag: both sides then fail with the
 // same words. Between servers a send is done when UCX says so; a receive
@@ -133,10 +133,11 @@ engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int
   const transport::ShmHeap* heap = gi.channel->heap();
   const std::optional<uint64_t> in_heap = heap != nullptr ? heap->own_offset(src, total) : std::nullopt;
   // process_vm_readv pays per page it pins: of 4 KiB pages, it is slower than
-  // the mailbox's two pipelined copies for large messages (docs/benchmarks.md).
+  // the mailbox's two pipelined copies for large messages (ShmMail::kReadInPlaceMax).
   const bool readable =
       gi.channel->capabilities().reads_peer_memory &&
-      base::worth_reading_by_peers(src, total, gi.settings.single_copy == Settings::SingleCopy::kAlways);
+      (total <= ShmMail::kReadInPlaceMax ||
+       base::worth_reading_by_peers(src, total, gi.settings.single_copy == Settings::SingleCopy::kAlways));
   if (total >= ShmMail::kSingleCopyMin && (in_heap || readable)) {
     // Single copy: the receiver reads the bytes where they lie (from the
     // heap, or from this process); the send is done once it has.

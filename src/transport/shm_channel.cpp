@@ -269,6 +269,7 @@ void ShmChannel::sleep_for_verdict(int member, std::chrono::nanoseconds slice) {
 }
 
 Status ShmChannel::read_peer(int member, std::byte* dst, uint64_t remote, size_t len) {
+  bytes_read_.fetch_add(len, std::memory_order_relaxed);
   while (len > 0) {
     iovec local{dst, len};
     iovec from{reinterpret_cast<void*>(remote), len};

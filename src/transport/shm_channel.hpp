@@ -149,6 +149,8 @@ class ShmChannel final : public Channel {
   bool single_copy() const { return single_copy_; }
   // Copies len bytes at `remote` in member's memory to dst.
   Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len) override;
+  // The bytes read_peer() has copied so far (which way a message went).
+  uint64_t bytes_read_from_peers() const { return bytes_read_.load(std::memory_order_relaxed); }
 
   // The CPU `member` last posted from (-1: not known): a peer that waits for
   // its next post on that same CPU cannot see it come by spinning.
@@ -212,6 +214,7 @@ class ShmChannel final : public Channel {
   Status broken_;
   bool single_copy_ = false;
   uint64_t probe_word_ = 0;
+  std::atomic<uint64_t> bytes_read_{0};
 };
 
 }  // namespace fastgather::transport

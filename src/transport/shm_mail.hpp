@@ -66,6 +66,14 @@ class ShmMail {
   // Messages that would not fit the mailbox at once go by single copy where
   // the channel can read peers' memory.
   static constexpr size_t kSingleCopyMin = kSlots * kChunk + 1;
+  // Up to this many bytes, a message of 4 KiB pages is read by
+  // process_vm_readv too: its cost per page is below the mailbox's, whose
+  // chunks are each handed over with a wait (fg-bench send_recv, private
+  // input, 2 ranks: 96 KB 9.6 us against 23-237, 384 KB 32 against 145-307);
+  // above it, the mailbox's two pipelined copies win (through torch, 6 and
+  // 24 MB 1.2-1.4x faster; docs/benchmarks.md). Huge pages go by single copy
+  // at any size.
+  static constexpr size_t kReadInPlaceMax = 2 << 20;
   // The bytes of `members` members' mailboxes (0 for one member).
   static size_t bytes(int members);
   // Lays out fresh mailboxes at `base` (the channel's creator does).
