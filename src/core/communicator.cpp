@@ -746,10 +746,14 @@ class GroupBuilder {
     };
     impl->published_failure = [st, mu, fail_key]() -> std::optional<Status> {
       std::lock_guard<std::mutex> lock(*mu);
-      // Published before that member closed its endpoints: if it is not
-      // there within 10 ms, it will not come. A job-abort (another rank has
-      // left) answers a missing key at once: keep asking until the 10 ms are up.
-      const auto until = Clock::now() + std::chrono::milliseconds(10);
+      // Published before that member closed its endpoints; but on a busy
+      // machine the endpoint may be seen lost first (UCX's own timeout), or
+      // the store be slow to answer: 10 ms was too short under ctest -j2 (a
+      // Mismatch reported as the lost peer it caused, once). The get waits
+      // for the key up to 250 ms, which only a member that left without a
+      // word (a crash) costs. A job-abort (another rank has left) answers a
+      // missing key at once: keep asking until the time is up.
+      const auto until = Clock::now() + std::chrono::milliseconds(250);
       auto v = st->get(fail_key, until);
       while (!v.ok() && v.status().message().rfind(bootstrap::kJobAbortedPrefix, 0) == 0 && Clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::microseconds(500));
