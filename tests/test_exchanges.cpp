@@ -184,6 +184,67 @@ TEST_P(Exchanges, EveryByteFromTheHeap) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Exchanges, ::testing::Values(2, 3, 5));
 
+// Within a server, an all_to_all whose blocks reach FG_SINGLE_COPY_MIN_BYTES
+// runs by single copy where members read each other's memory: each member
+// reads only its split of each peer's block, where it lies, straight into its
+// output. From ordinary memory (FG_SINGLE_COPY=always: read by
+// process_vm_readv) the bytes a member read from its peers are exactly its
+// splits; from the heap, every byte. Even and uneven splits, 3 members.
+std::string all_to_all_by_single_copy(const Config& base, bool heap) {
+  Config c = base;
+  Settings st = c.settings.value_or(Settings{});
+  st.single_copy = Settings::SingleCopy::kAlways;
+  st.single_copy_min_bytes = 1 << 20;
+  c.settings = st;
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  Group& g = (*comm)->world();
+  const int n = g.size(), me = g.rank();
+  const transport::ShmChannel& ch = *impl_of(g)->channel;
+  const bool counted = !heap && ch.capabilities().reads_peer_memory;
+  uint64_t it = 500;
+  for (bool even : {true, false}) {
+    ++it;
+    // int32 elements: member j gets send[j] of them (even: 100003 each, 1.2 MB a block).
+    std::vector<int64_t> send, recv;
+    for (int j = 0; j < n; ++j) send.push_back(even ? 100003 : count_of(me, j, 90001));
+    for (int m = 0; m < n; ++m) recv.push_back(even ? 100003 : count_of(m, me, 90001));
+    const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
+    const int64_t received = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+    auto in = heap ? g.empty(DType::kI32, {sent}) : Tensor::allocate(DType::kI32, {sent});
+    RANK_OK(in.status());
+    size_t at = 0;
+    for (int j = 0; j < n; ++j) {
+      fill(static_cast<std::byte*>(in->data()) + at, static_cast<size_t>(send[static_cast<size_t>(j)]) * 4, me, j, it);
+      at += static_cast<size_t>(send[static_cast<size_t>(j)]) * 4;
+    }
+    Tensor out = Tensor::empty(DType::kI32, {received});
+    std::memset(out.data(), 0xEE, out.nbytes());
+    const uint64_t before = ch.bytes_read_from_peers();
+    RANK_OK(even ? all_to_all(g, in->view(), out.view()) : all_to_all(g, in->view(), out.view(), send, recv));
+    const uint64_t read = ch.bytes_read_from_peers() - before;
+    at = 0;
+    uint64_t from_peers = 0;
+    for (int m = 0; m < n; ++m) {
+      const size_t part = static_cast<size_t>(recv[static_cast<size_t>(m)]) * 4;
+      const long long bad = wrong(static_cast<std::byte*>(out.data()) + at, part, m, me, it);
+      RANK_CHECK(bad < 0, "{} all_to_all by single copy ({}): rank {}'s {} bytes wrong at byte {}",
+                 even ? "even" : "uneven", heap ? "heap" : "memory", m, part, bad);
+      if (m != me) from_peers += part;
+      at += part;
+    }
+    RANK_CHECK(!counted || read == from_peers, "{} all_to_all: read {} bytes from peers' memory, its splits are {}",
+               even ? "even" : "uneven", read, from_peers);
+  }
+  return "";
+}
+
+TEST(Exchanges, AllToAllBySingleCopyReadsOnlyEachSplit) {
+  for (bool heap : {false, true}) {
+    fgtest::expect_all_ok(fgtest::run_job(3, [&](const Config& c) { return all_to_all_by_single_copy(c, heap); }));
+  }
+}
+
 // Two servers of two ranks (the hierarchical all-gather past 64 KiB) and
 // two of one rank each.
 TEST(Exchanges, AcrossServersEveryByte) {

@@ -184,19 +184,23 @@ engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink)
     Offer theirs{};
     std::memcpy(&theirs, ch.bytes(peer, step, true), sizeof(theirs));
     std::byte* dst = (*call.landing)(peer);
+    // With parts (all_to_all), only this member's part of the block, read
+    // straight to where it lands.
+    size_t first = 0;
+    const size_t want = call.part != nullptr ? (*call.part)(peer, me, &first) : call.block(peer);
     // From the heap in pipeline steps (a quarter of L2), so that what was
     // read is still in the cache when it is copied out; process_vm_readv
     // keeps larger pieces, where each system call costs more than the cache
     // saves (docs/benchmarks.md, "Pipelining the ring").
     const size_t piece = theirs.in_heap != 0 ? st.plan.piece : st.plan.read_piece;
-    for (size_t off = 0; off < call.block(peer); off += piece) {
-      const size_t len = std::min(piece, call.block(peer) - off);
+    for (size_t off = 0; off < want; off += piece) {
+      const size_t len = std::min(piece, want - off);
       if (theirs.in_heap != 0) {
-        copy_out(dst + off, ch.heap()->member_data(peer, theirs.addr + off), len, call.stream_out);
-      } else if (Status r = ch.read_peer(peer, dst + off, theirs.addr + off, len); !r.ok()) {
+        copy_out(dst + off, ch.heap()->member_data(peer, theirs.addr + first + off), len, call.stream_out);
+      } else if (Status r = ch.read_peer(peer, dst + off, theirs.addr + first + off, len); !r.ok()) {
         co_return r;
       }
-      sink(peer, off, dst + off, len);
+      sink(peer, first + off, dst + off, len);
     }
   }
   co_return co_await done_reading(st);
@@ -267,7 +271,9 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
       // where the sink would copy it (which then copies nothing).
       auto land = [&](int peer, size_t* room) -> std::byte* {
         const int of = block < 0 ? peer : peer == prev ? block : -1;
-        if (of < 0 || call.landing == nullptr || (call.root >= 0 && peer != call.root)) return nullptr;
+        if (of < 0 || call.landing == nullptr || call.part != nullptr || (call.root >= 0 && peer != call.root)) {
+          return nullptr;  // with parts, landing is where a part goes, not a block
+        }
         *room = piece_of(of, off);
         return *room != 0 ? (*call.landing)(of) + off : nullptr;
       };

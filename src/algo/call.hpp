@@ -66,9 +66,10 @@ struct GatherCall {
   // reader, &offset) is their length, from offset in the block; the same
   // answer on every member. Across servers such a call runs direct and sends
   // a member on another server only its part (gather: the blocks to the root;
-  // scatter: each its chunk; all_to_all: each its split), and with parts
-  // `landing` says where a member's part (not its block) lands. Null: every
-  // member keeps every block.
+  // scatter: each its chunk; all_to_all: each its split); within a server, by
+  // single copy, a member reads only its part of each peer's block. With
+  // parts `landing` says where a member's part (not its block) lands. Null:
+  // every member keeps every block.
   FunctionRef<size_t(int owner, int reader, size_t* offset)>* part = nullptr;
   size_t align = 1;             // every piece is a multiple of this (a row)
   Schedule schedule = Schedule::kAuto;  // as asked (plan_call decides what runs)

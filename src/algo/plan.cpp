@@ -244,7 +244,8 @@ CallPlan plan_gather(const GroupShape& g, const GatherCall& call) {
   } else {
     // A ring of two is the one-shot; the ring forwards blocks read back from
     // their landing places, so only an op that keeps them runs it.
-    const bool ring = call.schedule == Schedule::kRing && topo.members() > 2 && call.landing != nullptr && call.root < 0;
+    const bool ring = call.schedule == Schedule::kRing && topo.members() > 2 && call.landing != nullptr &&
+                      call.part == nullptr && call.root < 0;
     p.schedule = ring ? Schedule::kRing : Schedule::kOneShot;
   }
 

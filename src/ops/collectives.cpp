@@ -260,8 +260,10 @@ Status check_rooted_list(Group& group, const char* op, std::span<const TensorVie
 
 // gather and all_to_all are the all-gather's schedule (gather_blocks) with
 // sinks that keep only what is theirs: within a server each member copies its
-// bytes into shared memory once and each reader copies out only its part. A
-// scatter within a server runs the reduce-scatter's steps (scatter_from).
+// bytes into shared memory once and each reader copies out only its part (an
+// all_to_all from memory peers can read, by single copy: each reads only its
+// part, where it lies). A scatter within a server runs the reduce-scatter's
+// steps (scatter_from).
 // Across servers all three are the all-gather's direct schedule with parts
 // (algo::GatherCall::part): a member on another server is sent only what it
 // keeps (the root each block of a gather, each member its chunk of a scatter
@@ -503,7 +505,8 @@ engine::Task<Status> all_to_all_op(Group& group, const TensorView& input, const 
   Group::Impl& i = *impl_of(group);
   auto* in = static_cast<std::byte*>(const_cast<void*>(input.data));
   auto* out = static_cast<std::byte*>(output.data);
-  // Across servers each member is sent its split alone, straight into its output.
+  // Each member's split for this one lands in the output (across servers it
+  // is sent alone, straight there; within a server, read there by single copy).
   auto landing = [&](int m) -> std::byte* { return out + at[static_cast<size_t>(m)]; };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   auto part = [&](int owner, int reader, size_t* offset) -> size_t {
@@ -519,15 +522,17 @@ engine::Task<Status> all_to_all_op(Group& group, const TensorView& input, const 
     return static_cast<size_t>(splits.send(o, r)) * es;
   };
   algo::FunctionRef<size_t(int, int, size_t*)> part_ref(part);
-  const bool across = i.net != nullptr;
   const bool stream_out = algo::streams_out(output.nbytes(), i.settings);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t piece) {
     const size_t m = static_cast<size_t>(member);
     take_range(off, src, piece, lo[m], lo[m] + len[m], out + at[m], stream_out);
   };
+  // Within a server too: by single copy (where members read each other's
+  // memory), each member reads only its split of each peer's block, straight
+  // into its output, as MPI's pairwise exchange does.
   co_return co_await ops::gather_blocks(group, algo::OpCode::kAllToAll, static_cast<uint32_t>(input.dtype), in,
-                                        std::move(sizes), across ? &landing_ref : nullptr, stream_out, sink,
-                                        Schedule::kAuto, nullptr, 0, across ? &part_ref : nullptr);
+                                        std::move(sizes), &landing_ref, stream_out, sink, Schedule::kAuto, nullptr, 0,
+                                        &part_ref);
 }
 
 engine::Task<Status> barrier_op(Group& group) {
