@@ -15,9 +15,10 @@ memory (--input private: what a torch tensor is), medians too.
 
     ... torch_bench.py --exchanges [--rounds 3]
 
-gather, scatter, all_to_all_single, reduce and a send/recv ping-pong (with a
-memcpy of the same bytes beside them) instead, gloo and fastgather in turn in
-every round.
+gather, scatter, all_to_all_single, reduce, all_reduce (SUM and MAX) and a
+send/recv ping-pong (with a memcpy of the same bytes beside them) instead,
+gloo and fastgather in turn in every round. Across two hosts (network
+namespaces joined by a veth pair): tools/torch-bench/across_hosts.sh.
 """
 import argparse
 import ctypes
@@ -27,6 +28,7 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import time
 
 import warnings
@@ -112,7 +114,7 @@ def rank_main(rank, world, port, q, backends):
     dist.destroy_process_group()
 
 
-EXCHANGES = ["gather", "scatter", "all_to_all_single", "reduce", "send_recv", "memcpy"]
+EXCHANGES = ["gather", "scatter", "all_to_all_single", "reduce", "all_reduce", "all_reduce_max", "send_recv", "memcpy"]
 
 
 def ping_pong(rank, x, y, g):
@@ -124,12 +126,12 @@ def ping_pong(rank, x, y, g):
         dist.send(x, dst=0, group=g)
 
 
-def rank_exchanges(rank, world, port, q, backends, rounds, ops):
+def rank_exchanges(rank, world, port, q, backends, rounds, ops, master="127.0.0.1"):
     """--exchanges: gather, scatter, all_to_all_single and reduce (SUM) of fp32 (m, 3072) per rank
     (all_to_all_single: that much in and out, in equal parts), each backend in turn in every round:
     per backend, op and size, the median over rounds of each round's median of the slowest rank."""
     import fastgather  # noqa: F401  (registers the backend)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     groups = {b: dist.new_group(list(range(world)), backend=b) for b in backends}
     per_round = {}
@@ -148,6 +150,8 @@ def rank_exchanges(rank, world, port, q, backends, rounds, ops):
                     "scatter": lambda: dist.scatter(mine, parts, src=0, group=g),
                     "all_to_all_single": lambda: dist.all_to_all_single(a2a_out, a2a_in, group=g),
                     "reduce": lambda: dist.reduce(x, dst=0, group=g),
+                    "all_reduce": lambda: dist.all_reduce(x, group=g),
+                    "all_reduce_max": lambda: dist.all_reduce(x, op=dist.ReduceOp.MAX, group=g),
                     # A ping-pong between ranks 0 and 1 (the others idle): two messages of
                     # (m, 3072) fp32, one each way; the time is for both.
                     "send_recv": lambda: ping_pong(rank, x, mine, g),
@@ -160,7 +164,9 @@ def rank_exchanges(rank, world, port, q, backends, rounds, ops):
                 for op in ops:
                     try:
                         v = median_slowest(calls[op], iters, g)
-                    except (RuntimeError, NotImplementedError):
+                    except (RuntimeError, NotImplementedError) as e:  # the table says "failed"; here is why
+                        print(f"rank {rank}: {backend} {op} of {m} x {HIDDEN} fp32: {type(e).__name__}: {e}",
+                              file=sys.stderr, flush=True)
                         v = None
                     per_round.setdefault((backend, op, m), []).append(v)
     if rank == 0:
@@ -177,9 +183,9 @@ def print_exchanges(res, ranks, backends, rounds, ops):
 
     def cell(v):
         if v is None:
-            return "unsupported"
+            return "failed"
         med, runs = v
-        return "unsupported" if med is None else f"{med * 1e6:.1f} [{min(runs) * 1e6:.0f}-{max(runs) * 1e6:.0f}]"
+        return "failed" if med is None else f"{med * 1e6:.1f} [{min(runs) * 1e6:.0f}-{max(runs) * 1e6:.0f}]"
     for op in ops:
         for m in MS:
             kb = m * HIDDEN * 4 / 1024
@@ -213,6 +219,10 @@ def main():
                     help="gather, scatter, all_to_all_single, reduce and a send/recv ping-pong instead, the backends interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="--exchanges: interleaved rounds")
     ap.add_argument("--ops", default=",".join(EXCHANGES), help="--exchanges: which of " + ",".join(EXCHANGES))
+    ap.add_argument("--rank", type=int, default=-1,
+                    help="--exchanges: run this one rank of --ranks (started by hand on each host, e.g. by "
+                         "across_hosts.sh); rank 0 prints the table. Default: every rank here")
+    ap.add_argument("--master", default="127.0.0.1", help="--rank: rank 0's address (the gloo world's store)")
     a = ap.parse_args()
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
@@ -222,6 +232,12 @@ def main():
         unknown = sorted(set(ops) - set(EXCHANGES))
         if unknown:
             ap.error(f"--ops: no such op {', '.join(unknown)} (the ops: {', '.join(EXCHANGES)})")
+        if a.rank >= 0:
+            class Table:  # rank 0 prints what it would have handed back
+                def put(self, res):
+                    print_exchanges(res, a.ranks, backends, a.rounds, ops)
+            rank_exchanges(a.rank, a.ranks, a.port, Table(), backends, a.rounds, ops, a.master)
+            return
         procs = [ctx.Process(target=rank_exchanges, args=(r, a.ranks, a.port, q, backends, a.rounds, ops))
                  for r in range(a.ranks)]
         for p in procs:
