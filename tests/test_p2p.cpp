@@ -377,6 +377,61 @@ TEST(PointToPoint, BadArgumentsAreRefused) {
   }));
 }
 
+// Between servers, a member whose call is done may go on to wait on
+// something that is not the library (another library's collective, a
+// sleep): UCX may still owe its peer the end of the exchange (over TCP with
+// rendezvous, UCX's choice for large messages on real hosts), which only
+// progress sends. The library flushes in the background, so the peer's call
+// completes meanwhile. A send, then all_reduces, of 24 MB, after each of
+// which the sender leaves the library for 1.5 s: the receiver's call ends
+// within 1 s of the sender's (both read the same monotonic clock, the times
+// exchanged afterwards), not when the sender comes back. (Without the flush,
+// about one all_reduce in two waited for the sender here.)
+TEST(PointToPoint, AMemberThatLeavesTheLibraryAfterACallDoesNotHoldItsPeer) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-leaves";
+  o.timeout = 30s;
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    ::setenv("UCX_RNDV_THRESH", "8k", 1);  // as on real hosts (simulated servers are given "inf")
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int me = g.rank();
+    const size_t bytes = size_t{24} << 20;
+    std::vector<uint8_t> out = message(0, 1, bytes, 77), in(bytes, 0xEE);
+    std::vector<float> sum(bytes / 4, 1.0f);
+    const TensorView sv(sum.data(), DType::kF32, {static_cast<int64_t>(sum.size())});
+    auto now_ms = [] {
+      return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::steady_clock::now().time_since_epoch())
+                                      .count());
+    };
+    // Each member's end of a call, exchanged once the sender is back: how
+    // long after rank 0's end rank 1's came.
+    auto later = [&](auto call, int64_t* gap) -> Status {
+      if (Status s = call(); !s.ok()) return s;
+      int64_t mine = now_ms(), both[2];
+      if (me == 0) std::this_thread::sleep_for(1500ms);  // away from the library
+      Status s = all_gather(g, TensorView(&mine, DType::kI64, {1}), TensorView(both, DType::kI64, {2}));
+      *gap = both[1] - both[0];
+      return s;
+    };
+    int64_t gap = 0;
+    RANK_OK(later([&] { return me == 0 ? send(g, view(out), 1, 3) : recv(g, view(in), 0, 3); }, &gap));
+    RANK_CHECK(me == 0 || wrong(in, 0, 1, 77) < 0, "the message");
+    RANK_CHECK(gap < 1000, "the receive ended {} ms after the send: it waited for the sender to come back", gap);
+    for (int round = 1; round <= 4; ++round) {
+      RANK_OK(later([&] { return all_reduce(g, sv, sv); }, &gap));
+      const float want = static_cast<float>(1 << round);
+      RANK_CHECK(sum[0] == want && sum.back() == want, "all_reduce {}: {} ... {}, not {}", round, sum[0], sum.back(),
+                 want);
+      RANK_CHECK(gap < 1000, "all_reduce {}: rank 1's ended {} ms after rank 0's", round, gap);
+    }
+    return "";
+  }, o));
+}
+
 // Between servers: one UCX message each, numbered per pair and direction;
 // with two ranks a server the ring mixes mailboxes and UCX.
 class RingAcrossServers : public ::testing::TestWithParam<int> {};

@@ -72,12 +72,15 @@ struct Group::Impl {
   // over `net` so far (their number rides in the tag).
   std::vector<uint32_t> messages_sent, messages_received;
   engine::Queue any_receives;
+  // Flushes of UCX's buffers after a call between servers, driven in the
+  // background (ops/run_gather.hpp, flush_in_background).
+  engine::Queue flushes;
   // Every queue of the group, the collectives' first (made with the group:
   // the wait loops of other groups walk it).
   std::vector<engine::Queue*> all_queues;
   const std::vector<engine::Queue*>& queues() const { return all_queues; }
   void make_queues(size_t members) {
-    all_queues = {&queue, &any_receives};
+    all_queues = {&queue, &any_receives, &flushes};
     messages_sent.assign(members, 0);
     messages_received.assign(members, 0);
     for (size_t m = 0; m < members; ++m) {

@@ -155,6 +155,19 @@ class SendsDone final : public NetWait {
 };
 inline SendsDone sends_done(transport::NetChannel& net) { return SendsDone(net); }
 
+// co_await flushed(net): every flush in flight on the channel has completed
+// (NetChannel::start_flush). Run in the background after a call (nobody
+// waits for it but the progress thread): its end, however it comes, leaves
+// the group as it is.
+class Flushed final : public NetWait {
+ public:
+  explicit Flushed(transport::NetChannel& net) : NetWait(net, "flushing") {}
+  Status await_resume() { return error; }
+  bool ready() override { return net_.flushed(); }
+  Status fail(const Status& why) override { return why; }
+};
+inline Flushed flushed(transport::NetChannel& net) { return Flushed(net); }
+
 // co_await message_sent(net, id) / message_received(net, id): a
 // point-to-point message over UCX (NetChannel::send_message, recv_message)
 // has left / arrived (its length), or its error.

@@ -97,7 +97,9 @@ engine::Task<Status> send_across(Group& group, const TensorView& data, int peer,
   const transport::NetIov iov[2] = {{&w, sizeof w}, {data.data, data.nbytes()}};
   auto id = gi.net->send_message(peer, ++gi.messages_sent[static_cast<size_t>(peer)], iov);
   if (!id.ok()) co_return id.status();
-  co_return co_await engine::message_sent(*gi.net, id.value());
+  Status s = co_await engine::message_sent(*gi.net, id.value());
+  RequestAccess::flush_in_background(gi);
+  co_return s;
 }
 
 engine::Task<Status> recv_across(Group& group, const TensorView& data, int peer, int64_t tag) {

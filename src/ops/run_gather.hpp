@@ -14,6 +14,7 @@
 #include "algo/plan.hpp"
 #include "core/group_impl.hpp"
 #include "fastgather/ops.hpp"
+#include "ops/request.hpp"
 
 namespace fastgather::ops {
 
@@ -46,6 +47,7 @@ inline Status explain_across(Group::Impl& i, Status s, bool was_broken, bool hea
 inline engine::Task<Status> explained(Group::Impl& i, engine::Task<Status> call, const algo::GatherStats& st) {
   const bool was_broken = !i.net->broken().ok() || !i.channel->broken().ok();
   Status s = co_await call;
+  RequestAccess::flush_in_background(i);
   co_return explain_across(i, std::move(s), was_broken, st.headers_compared);
 }
 
@@ -56,6 +58,7 @@ inline engine::Task<Status> explained(Group::Impl& i, engine::Task<Status> call,
 inline engine::Task<Status> over_steps(Group::Impl& i, engine::Task<Status> call) {
   const bool was_broken = !i.net->broken().ok();
   Status s = co_await call;
+  RequestAccess::flush_in_background(i);
   if (s.kind() != ErrorKind::kPeerLost) co_return s;
   co_return explain_across(i, std::move(s), was_broken, false);
 }

@@ -161,6 +161,17 @@ struct NetChannel::Impl {
   std::vector<Endpoint> eps;  // sized once: UCX holds pointers to its elements
   std::vector<std::unique_ptr<Op>> recvs, sends;
   uint64_t last_id = 0;
+  std::vector<void*> flushes;  // worker flush requests in flight (start_flush)
+
+  // Polls the flushes in flight; true once none is.
+  bool flushes_done() {
+    std::erase_if(flushes, [](void* r) {
+      if (ucx().ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+      ucx().ucp_request_free(r);
+      return true;
+    });
+    return flushes.empty();
+  }
 
   // Polls one op; true once complete.
   bool poll(Op& op, bool is_recv) {
@@ -189,7 +200,7 @@ struct NetChannel::Impl {
 
   // Polls everything in flight once; true when nothing is.
   bool settled() {
-    bool busy = false;
+    bool busy = !flushes_done();
     for (auto& op : recvs) busy |= !poll(*op, true);
     for (auto& op : sends) busy |= !poll(*op, false);
     for (void*& r : closing) {
@@ -218,6 +229,8 @@ struct NetChannel::Impl {
       if (r != nullptr) ucx().ucp_request_free(r);
     }
     closing.clear();
+    for (void* r : flushes) ucx().ucp_request_free(r);
+    flushes.clear();
   }
 
   // After an error: cancel receives, force-close endpoints (which completes
@@ -366,6 +379,22 @@ bool NetChannel::poll_sends() {
   }
   std::erase_if(impl_->sends, [](const auto& o) { return o->id == 0; });
   return true;
+}
+
+bool NetChannel::start_flush() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (!broken_.ok()) return true;  // nothing more will move
+  ucp_request_param_t p{};
+  ucs_status_ptr_t r = ucx().ucp_worker_flush_nbx(impl_->w->worker, &p);
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) return true;  // flushed already (an error shows on the endpoint)
+  impl_->flushes.push_back(r);
+  return false;
+}
+
+bool NetChannel::flushed() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  ucx().ucp_worker_progress(impl_->w->worker);
+  return impl_->flushes_done() || !broken_.ok();
 }
 
 Result<uint64_t> NetChannel::send_message(int to, uint32_t message, std::span<const NetIov> iov) {

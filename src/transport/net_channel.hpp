@@ -135,6 +135,17 @@ class NetChannel {
   std::optional<Completion> poll_receive();
   // whether every send posted so far has completed;
   bool poll_sends();
+  // UCX reports a send complete once its bytes are in the transport's
+  // buffers: over TCP the last segment may still wait there for room in the
+  // socket, and only progress writes it. A member whose call is done may go
+  // on to wait on something else (another library's collective) with nobody
+  // progressing UCX, and its peer would wait forever for those bytes (seen
+  // through torch across two hosts: a gloo all_gather after a fastgather
+  // all_reduce hung). start_flush() asks UCX to flush everything posted so
+  // far: true when nothing was left (no flush to drive), false when a flush
+  // is in flight; flushed() polls every flush in flight, true once none is.
+  bool start_flush();
+  bool flushed();
   // whether anything is in flight (then the worker needs progress());
   bool busy() const;
   // whether what is awaited can still come: an error once a peer is lost
