@@ -163,6 +163,13 @@ struct NetChannel::Impl {
   uint64_t last_id = 0;
   std::vector<void*> flushes;  // worker flush requests in flight (start_flush)
 
+  // Polls every send; true once none is in flight (each poll is idempotent:
+  // the send's owner still finds it, complete, with its status).
+  bool sends_done() {
+    bool done = true;
+    for (auto& op : sends) done &= poll(*op, false);
+    return done;
+  }
   // Polls the flushes in flight; true once none is.
   bool flushes_done() {
     std::erase_if(flushes, [](void* r) {
@@ -384,17 +391,26 @@ bool NetChannel::poll_sends() {
 bool NetChannel::start_flush() {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return true;  // nothing more will move
+  // A call may end with sends in flight (a schedule over the steps between
+  // servers waits for its sends only where they leave from the caller's
+  // memory): a rendezvous send's bytes are read by the receiver (UCX's get
+  // over TCP asks this worker for them), so they need this member's
+  // progress. UCX's flush covers what its transports hold, not tag sends.
+  bool idle = impl_->sends_done();
   ucp_request_param_t p{};
   ucs_status_ptr_t r = ucx().ucp_worker_flush_nbx(impl_->w->worker, &p);
-  if (r == nullptr || UCS_PTR_IS_ERR(r)) return true;  // flushed already (an error shows on the endpoint)
-  impl_->flushes.push_back(r);
-  return false;
+  if (r != nullptr && !UCS_PTR_IS_ERR(r)) {  // (an error shows on the endpoint)
+    impl_->flushes.push_back(r);
+    idle = false;
+  }
+  return idle;
 }
 
 bool NetChannel::flushed() {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   ucx().ucp_worker_progress(impl_->w->worker);
-  return impl_->flushes_done() || !broken_.ok();
+  const bool sends = impl_->sends_done();
+  return (impl_->flushes_done() && sends) || !broken_.ok();
 }
 
 Result<uint64_t> NetChannel::send_message(int to, uint32_t message, std::span<const NetIov> iov) {

@@ -141,9 +141,11 @@ class NetChannel {
   // on to wait on something else (another library's collective) with nobody
   // progressing UCX, and its peer would wait forever for those bytes (seen
   // through torch across two hosts: a gloo all_gather after a fastgather
-  // all_reduce hung). start_flush() asks UCX to flush everything posted so
-  // far: true when nothing was left (no flush to drive), false when a flush
-  // is in flight; flushed() polls every flush in flight, true once none is.
+  // all_reduce hung). Likewise a call may end with a rendezvous send in
+  // flight whose bytes the receiver fetches through this worker.
+  // start_flush() asks UCX to flush what its transports hold: true when
+  // nothing is left (no send in flight, nothing to flush), false otherwise;
+  // flushed() progresses and polls, true once no send or flush is in flight.
   bool start_flush();
   bool flushed();
   // whether anything is in flight (then the worker needs progress());
