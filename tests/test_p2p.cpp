@@ -456,9 +456,10 @@ TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
     const auto until = std::chrono::steady_clock::now() + 10s;
     if (me == 0) {
       RANK_OK(net.send(1, 0, call, 0, iov));
-      RANK_CHECK(!net.start_flush(), "a send its receiver has not fetched counts as nothing left to flush");
+      const uint64_t mark = net.start_flush();
+      RANK_CHECK(mark != 0, "a send its receiver has not fetched counts as nothing left to flush");
       bool done = false;
-      while (!(done = net.flushed()) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
+      while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
       RANK_CHECK(done, "the flush never ended");
       RANK_CHECK(net.poll_sends(), "flushed, but the send is not complete");
     } else {
@@ -470,6 +471,64 @@ TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
       }
       RANK_CHECK(got && got->token == 7 && got->length == out.size(), "the receive did not complete");
       RANK_CHECK(wrong(in, 0, 1, 88) < 0, "the message");
+    }
+    std::vector<uint8_t> one(1), both(2);
+    RANK_OK(all_gather(g, view(one), view(both)));
+    return "";
+  }, o));
+}
+
+// A flush waits for the sends posted before it, not for later ones: while
+// calls keep coming, each flush still ends (one that waited for every send
+// kept the progress thread driving beside the owner's calls, 1.6x slower
+// across two hosts). Rank 0 sends A, marks a flush, sends B; rank 1 takes A
+// at once and B only 1 s later: the flush ends while B is still in flight.
+TEST(PointToPoint, AFlushWaitsForTheSendsBeforeItNotForLaterOnes) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-flush-mark";
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    ::setenv("UCX_RNDV_THRESH", "8k", 1);
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    transport::NetChannel& net = *impl_of(g)->net;
+    const int me = g.rank();
+    const uint32_t call = 0xffff0;
+    std::vector<uint8_t> a = message(0, 1, size_t{4} << 20, 91), b = message(0, 1, size_t{4} << 20, 92);
+    std::vector<uint8_t> a_in(a.size(), 0xEE), b_in(b.size(), 0xEE);
+    const transport::NetIov a_iov[1] = {{me == 0 ? a.data() : a_in.data(), a.size()}};
+    const transport::NetIov b_iov[1] = {{me == 0 ? b.data() : b_in.data(), b.size()}};
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    if (me == 0) {
+      RANK_OK(net.send(1, 0, call, 0, a_iov));
+      const uint64_t mark = net.start_flush();
+      RANK_CHECK(mark != 0, "A, not yet fetched, left nothing to flush");
+      RANK_OK(net.send(1, 0, call + 1, 0, b_iov));
+      bool done = false;
+      while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
+      RANK_CHECK(done, "the flush of A never ended");
+      RANK_CHECK(!net.poll_sends(), "B completed before its receiver posted it: the flush cannot have ended first");
+      while (!net.poll_sends() && std::chrono::steady_clock::now() < until) {
+        net.progress();
+        std::this_thread::sleep_for(100us);
+      }
+      RANK_CHECK(net.poll_sends(), "B never left");
+    } else {
+      auto take = [&](uint32_t which, const transport::NetIov* iov, int token) -> bool {
+        if (!net.recv(0, 0, which, 0, std::span<const transport::NetIov>(iov, 1), token).ok()) return false;
+        std::optional<transport::NetChannel::Completion> got;
+        while (!(got = net.poll_receive()) && std::chrono::steady_clock::now() < until) {
+          net.progress();
+          std::this_thread::sleep_for(100us);
+        }
+        return got && got->token == token && got->length == a.size();
+      };
+      RANK_CHECK(take(call, a_iov, 1), "A did not arrive");
+      std::this_thread::sleep_for(1s);
+      RANK_CHECK(take(call + 1, b_iov, 2), "B did not arrive");
+      RANK_CHECK(wrong(a_in, 0, 1, 91) < 0 && wrong(b_in, 0, 1, 92) < 0, "the messages");
     }
     std::vector<uint8_t> one(1), both(2);
     RANK_OK(all_gather(g, view(one), view(both)));

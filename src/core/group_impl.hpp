@@ -72,8 +72,8 @@ struct Group::Impl {
   // over `net` so far (their number rides in the tag).
   std::vector<uint32_t> messages_sent, messages_received;
   engine::Queue any_receives;
-  // Flushes of UCX's buffers after a call between servers, driven in the
-  // background (ops/run_gather.hpp, flush_in_background).
+  // After a call between servers, its sends still in flight, driven in the
+  // background (ops/request.hpp, flush_in_background).
   engine::Queue flushes;
   // Every queue of the group, the collectives' first (made with the group:
   // the wait loops of other groups walk it).

@@ -155,18 +155,21 @@ class SendsDone final : public NetWait {
 };
 inline SendsDone sends_done(transport::NetChannel& net) { return SendsDone(net); }
 
-// co_await flushed(net): every flush in flight on the channel has completed
-// (NetChannel::start_flush). Run in the background after a call (nobody
+// co_await flushed(net, mark): what NetChannel::start_flush marked has left
+// (NetChannel::flushed). Run in the background after a call (nobody
 // waits for it but the progress thread): its end, however it comes, leaves
 // the group as it is.
 class Flushed final : public NetWait {
  public:
-  explicit Flushed(transport::NetChannel& net) : NetWait(net, "flushing") {}
+  Flushed(transport::NetChannel& net, uint64_t mark) : NetWait(net, "flushing"), mark_(mark) {}
   Status await_resume() { return error; }
-  bool ready() override { return net_.flushed(); }
+  bool ready() override { return net_.flushed(mark_); }
   Status fail(const Status& why) override { return why; }
+
+ private:
+  uint64_t mark_;
 };
-inline Flushed flushed(transport::NetChannel& net) { return Flushed(net); }
+inline Flushed flushed(transport::NetChannel& net, uint64_t mark) { return Flushed(net, mark); }
 
 // co_await message_sent(net, id) / message_received(net, id): a
 // point-to-point message over UCX (NetChannel::send_message, recv_message)

@@ -57,20 +57,24 @@ struct RequestAccess {
     state->progress = gi.progress;
     return Request(std::move(state));
   }
-  // After a call between servers: UCX's buffers flushed in the background
-  // (NetChannel::start_flush), on a queue of the group's that nothing waits
-  // behind, driven by the progress thread once nobody else drives it. Costs
-  // nothing where UCX had nothing left to write.
+  // After a call between servers: its sends still in flight driven to their
+  // end in the background (NetChannel::start_flush), on a queue of the
+  // group's that nothing waits behind, by the progress thread once nobody
+  // else drives it. Costs nothing where none is in flight.
   static void flush_in_background(Group::Impl& gi) {
-    if (gi.net == nullptr || gi.progress == nullptr || gi.net->start_flush()) return;
-    auto driver = std::make_shared<engine::Driver>(flush_op(*gi.net), gi.drive_options());
+    if (gi.net == nullptr || gi.progress == nullptr) return;
+    const uint64_t mark = gi.net->start_flush();
+    if (mark == 0) return;
+    auto driver = std::make_shared<engine::Driver>(flush_op(*gi.net, mark), gi.drive_options());
     {
       engine::Queue::Hold hold(gi.flushes);
       gi.flushes.push(driver);
     }
     gi.progress->watch(driver, &gi.flushes, nullptr);
   }
-  static engine::Task<Status> flush_op(transport::NetChannel& net) { co_return co_await engine::flushed(net); }
+  static engine::Task<Status> flush_op(transport::NetChannel& net, uint64_t mark) {
+    co_return co_await engine::flushed(net, mark);
+  }
   static Status run(Group& g, engine::Task<Status> op, engine::Queue* queue = nullptr) {
     Group::Impl& gi = *impl_of(g);
     engine::Queue& q = queue != nullptr ? *queue : gi.queue;

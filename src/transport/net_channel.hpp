@@ -135,19 +135,18 @@ class NetChannel {
   std::optional<Completion> poll_receive();
   // whether every send posted so far has completed;
   bool poll_sends();
-  // UCX reports a send complete once its bytes are in the transport's
-  // buffers: over TCP the last segment may still wait there for room in the
-  // socket, and only progress writes it. A member whose call is done may go
-  // on to wait on something else (another library's collective) with nobody
-  // progressing UCX, and its peer would wait forever for those bytes (seen
-  // through torch across two hosts: a gloo all_gather after a fastgather
-  // all_reduce hung). Likewise a call may end with a rendezvous send in
-  // flight whose bytes the receiver fetches through this worker.
-  // start_flush() asks UCX to flush what its transports hold: true when
-  // nothing is left (no send in flight, nothing to flush), false otherwise;
-  // flushed() progresses and polls, true once no send or flush is in flight.
-  bool start_flush();
-  bool flushed();
+  // A call may end with a rendezvous send in flight whose bytes the
+  // receiver fetches through this member's progress; a member whose call is
+  // done may go on to wait on something else (another library's
+  // collective) with nobody progressing UCX, and its peer would wait
+  // forever (seen through torch across two hosts: a gloo all_gather after a
+  // fastgather all_reduce hung). start_flush() marks the sends posted so
+  // far: 0 when none of them is in flight, else the mark for flushed(mark),
+  // which progresses and polls, true once none of those sends is in flight.
+  // Later sends are not waited for: while calls keep coming, each flush
+  // still ends.
+  uint64_t start_flush();
+  bool flushed(uint64_t mark);
   // whether anything is in flight (then the worker needs progress());
   bool busy() const;
   // whether what is awaited can still come: an error once a peer is lost
