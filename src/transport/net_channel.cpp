@@ -175,7 +175,6 @@ struct NetChannel::Impl {
     return done;
   }
 
-
   // Polls one op; true once complete.
   bool poll(Op& op, bool is_recv) {
     if (op.request == nullptr) return true;
