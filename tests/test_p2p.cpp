@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -434,15 +435,36 @@ TEST(PointToPoint, AMemberThatLeavesTheLibraryAfterACallDoesNotHoldItsPeer) {
   }, o));
 }
 
+// Two servers of one rank, rendezvous forced (UCX's choice for large
+// messages on real hosts), for the flush's step-by-step tests, which drive
+// the rank's NetChannel by hand with calls no call of the library's comes
+// near (`kRawCall`).
+constexpr uint32_t kRawCall = 0xffff0;
+fgtest::JobOptions rendezvous_job(const char* token) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = token;
+  o.timeout = 20s;
+  return o;
+}
+// Posts a receive of `iov` from member 0 and drives the channel until a
+// receive completes: whether it was this one, whole.
+bool receive_raw(transport::NetChannel& net, uint32_t call, const transport::NetIov* iov, int token,
+                 std::chrono::steady_clock::time_point until) {
+  if (!net.recv(0, 0, call, 0, std::span<const transport::NetIov>(iov, 1), token).ok()) return false;
+  std::optional<transport::NetChannel::Completion> got;
+  while (!(got = net.poll_receive()) && std::chrono::steady_clock::now() < until) {
+    net.progress();
+    std::this_thread::sleep_for(100us);
+  }
+  return got && got->token == token && got->length == iov[0].len;
+}
+
 // The mechanism under the test above, step by step: a rendezvous send
 // posted and not yet fetched is something to flush (start_flush says so at
 // once: its receiver can fetch its bytes only through this member's
 // progress), and flushed() says yes only once the receiver has them.
 TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-flush";
-  o.timeout = 20s;
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     ::setenv("UCX_RNDV_THRESH", "8k", 1);
     auto comm = Communicator::create(c);
@@ -450,12 +472,11 @@ TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
     Group& g = (*comm)->world();
     transport::NetChannel& net = *impl_of(g)->net;
     const int me = g.rank();
-    const uint32_t call = 0xffff0;  // no call of the library's comes near it here
     std::vector<uint8_t> out = message(0, 1, size_t{4} << 20, 88), in(out.size(), 0xEE);
     const transport::NetIov iov[1] = {{me == 0 ? out.data() : in.data(), out.size()}};
     const auto until = std::chrono::steady_clock::now() + 10s;
     if (me == 0) {
-      RANK_OK(net.send(1, 0, call, 0, iov));
+      RANK_OK(net.send(1, 0, kRawCall, 0, iov));
       const uint64_t mark = net.start_flush();
       RANK_CHECK(mark != 0, "a send its receiver has not fetched counts as nothing left to flush");
       bool done = false;
@@ -463,31 +484,20 @@ TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
       RANK_CHECK(done, "the flush never ended");
       RANK_CHECK(net.poll_sends(), "flushed, but the send is not complete");
     } else {
-      RANK_OK(net.recv(0, 0, call, 0, iov, 7));
-      std::optional<transport::NetChannel::Completion> got;
-      while (!(got = net.poll_receive()) && std::chrono::steady_clock::now() < until) {
-        net.progress();
-        std::this_thread::sleep_for(100us);
-      }
-      RANK_CHECK(got && got->token == 7 && got->length == out.size(), "the receive did not complete");
+      RANK_CHECK(receive_raw(net, kRawCall, iov, 7, until), "the receive did not complete");
       RANK_CHECK(wrong(in, 0, 1, 88) < 0, "the message");
     }
     std::vector<uint8_t> one(1), both(2);
     RANK_OK(all_gather(g, view(one), view(both)));
     return "";
-  }, o));
+  }, rendezvous_job("p2p-flush")));
 }
 
-// A flush waits for the sends posted before it, not for later ones: while
-// calls keep coming, each flush still ends (one that waited for every send
-// kept the progress thread driving beside the owner's calls, 1.6x slower
-// across two hosts). Rank 0 sends A, marks a flush, sends B; rank 1 takes A
-// at once and B only 1 s later: the flush ends while B is still in flight.
+// A flush waits for the sends posted before it, not for later ones, so that
+// while calls keep coming each flush still ends. Rank 0 sends A, marks a
+// flush, sends B; rank 1 takes A at once and B only 1 s later: the flush
+// ends while B is still in flight.
 TEST(PointToPoint, AFlushWaitsForTheSendsBeforeItNotForLaterOnes) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-flush-mark";
-  o.timeout = 20s;
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     ::setenv("UCX_RNDV_THRESH", "8k", 1);
     auto comm = Communicator::create(c);
@@ -495,17 +505,16 @@ TEST(PointToPoint, AFlushWaitsForTheSendsBeforeItNotForLaterOnes) {
     Group& g = (*comm)->world();
     transport::NetChannel& net = *impl_of(g)->net;
     const int me = g.rank();
-    const uint32_t call = 0xffff0;
     std::vector<uint8_t> a = message(0, 1, size_t{4} << 20, 91), b = message(0, 1, size_t{4} << 20, 92);
     std::vector<uint8_t> a_in(a.size(), 0xEE), b_in(b.size(), 0xEE);
     const transport::NetIov a_iov[1] = {{me == 0 ? a.data() : a_in.data(), a.size()}};
     const transport::NetIov b_iov[1] = {{me == 0 ? b.data() : b_in.data(), b.size()}};
     const auto until = std::chrono::steady_clock::now() + 10s;
     if (me == 0) {
-      RANK_OK(net.send(1, 0, call, 0, a_iov));
+      RANK_OK(net.send(1, 0, kRawCall, 0, a_iov));
       const uint64_t mark = net.start_flush();
       RANK_CHECK(mark != 0, "A, not yet fetched, left nothing to flush");
-      RANK_OK(net.send(1, 0, call + 1, 0, b_iov));
+      RANK_OK(net.send(1, 0, kRawCall + 1, 0, b_iov));
       bool done = false;
       while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
       RANK_CHECK(done, "the flush of A never ended");
@@ -516,24 +525,15 @@ TEST(PointToPoint, AFlushWaitsForTheSendsBeforeItNotForLaterOnes) {
       }
       RANK_CHECK(net.poll_sends(), "B never left");
     } else {
-      auto take = [&](uint32_t which, const transport::NetIov* iov, int token) -> bool {
-        if (!net.recv(0, 0, which, 0, std::span<const transport::NetIov>(iov, 1), token).ok()) return false;
-        std::optional<transport::NetChannel::Completion> got;
-        while (!(got = net.poll_receive()) && std::chrono::steady_clock::now() < until) {
-          net.progress();
-          std::this_thread::sleep_for(100us);
-        }
-        return got && got->token == token && got->length == a.size();
-      };
-      RANK_CHECK(take(call, a_iov, 1), "A did not arrive");
+      RANK_CHECK(receive_raw(net, kRawCall, a_iov, 1, until), "A did not arrive");
       std::this_thread::sleep_for(1s);
-      RANK_CHECK(take(call + 1, b_iov, 2), "B did not arrive");
+      RANK_CHECK(receive_raw(net, kRawCall + 1, b_iov, 2, until), "B did not arrive");
       RANK_CHECK(wrong(a_in, 0, 1, 91) < 0 && wrong(b_in, 0, 1, 92) < 0, "the messages");
     }
     std::vector<uint8_t> one(1), both(2);
     RANK_OK(all_gather(g, view(one), view(both)));
     return "";
-  }, o));
+  }, rendezvous_job("p2p-flush-mark")));
 }
 
 // Between servers: one UCX message each, numbered per pair and direction;
