@@ -269,7 +269,7 @@ void ShmChannel::sleep_for_verdict(int member, std::chrono::nanoseconds slice) {
 }
 
 Status ShmChannel::read_peer(int member, std::byte* dst, uint64_t remote, size_t len) {
-  bytes_read_.fetch_add(len, std::memory_order_relaxed);
+  const size_t whole = len;
   while (len > 0) {
     iovec local{dst, len};
     iovec from{reinterpret_cast<void*>(remote), len};
@@ -289,6 +289,7 @@ Status ShmChannel::read_peer(int member, std::byte* dst, uint64_t remote, size_t
     remote += static_cast<uint64_t>(r);
     len -= static_cast<size_t>(r);
   }
+  bytes_read_.fetch_add(whole, std::memory_order_relaxed);  // copied, as bytes_read_from_peers() says
   return Status::Ok();
 }
 
