@@ -56,6 +56,40 @@ int64_t count_of(int from, int to, size_t unit) {
   return from == 0 && to == 1 ? static_cast<int64_t>(unit * 9 + 3) : k * static_cast<int64_t>(unit) + (k == 2 ? 1 : 0);
 }
 
+// An all_to_all's input of int32 elements on this member (`me`): send[j] of
+// them for each member j, back to back, each part filled as from me to j.
+Result<Tensor> split_input(Group& g, const std::vector<int64_t>& send, bool heap, uint64_t it) {
+  const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
+  auto in = heap ? g.empty(DType::kI32, {sent}) : Tensor::allocate(DType::kI32, {sent});
+  if (!in.ok()) return in;
+  size_t at = 0;
+  for (size_t j = 0; j < send.size(); ++j) {
+    const size_t part = static_cast<size_t>(send[j]) * 4;
+    fill(static_cast<std::byte*>(in->data()) + at, part, g.rank(), static_cast<int>(j), it);
+    at += part;
+  }
+  return in;
+}
+
+// The first wrong part of an all_to_all's output on this member, which
+// received recv[m] int32 elements from each member m: which member, its
+// part's bytes, the wrong byte's place in it (member -1: none).
+struct WrongSplit {
+  int member = -1;
+  size_t part = 0;
+  long long byte = -1;
+};
+WrongSplit wrong_split(const Tensor& out, const std::vector<int64_t>& recv, int me, uint64_t it) {
+  size_t at = 0;
+  for (size_t m = 0; m < recv.size(); ++m) {
+    const size_t part = static_cast<size_t>(recv[m]) * 4;
+    const long long bad = wrong(static_cast<const std::byte*>(out.data()) + at, part, static_cast<int>(m), me, it);
+    if (bad >= 0) return {static_cast<int>(m), part, bad};
+    at += part;
+  }
+  return {};
+}
+
 std::string every_exchange(const Config& c, const std::vector<size_t>& sizes, bool heap) {
   auto comm = Communicator::create(c);
   RANK_OK(comm.status());
@@ -130,25 +164,15 @@ std::string every_exchange(const Config& c, const std::vector<size_t>& sizes, bo
     std::vector<int64_t> send, recv;
     for (int j = 0; j < n; ++j) send.push_back(count_of(me, j, bytes / 4));
     for (int m = 0; m < n; ++m) recv.push_back(count_of(m, me, bytes / 4));
-    const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
     const int64_t received = std::accumulate(recv.begin(), recv.end(), int64_t{0});
-    auto vin = heap ? g.empty(DType::kI32, {sent}) : Tensor::allocate(DType::kI32, {sent});
+    auto vin = split_input(g, send, heap, it);
     RANK_OK(vin.status());
-    size_t at = 0;
-    for (int j = 0; j < n; ++j) {
-      fill(static_cast<std::byte*>(vin->data()) + at, static_cast<size_t>(send[static_cast<size_t>(j)]) * 4, me, j, it);
-      at += static_cast<size_t>(send[static_cast<size_t>(j)]) * 4;
-    }
     Tensor vout = Tensor::empty(DType::kI32, {received});
     std::memset(vout.data(), 0xEE, vout.nbytes());
     RANK_OK(all_to_all(g, vin->view(), vout.view(), send, recv));
-    at = 0;
-    for (int m = 0; m < n; ++m) {
-      const size_t part = static_cast<size_t>(recv[static_cast<size_t>(m)]) * 4;
-      const long long bad = wrong(static_cast<std::byte*>(vout.data()) + at, part, m, me, it);
-      RANK_CHECK(bad < 0, "uneven all_to_all ({} bytes a unit): rank {}'s {} bytes wrong at byte {}", bytes, m, part, bad);
-      at += part;
-    }
+    const WrongSplit bad = wrong_split(vout, recv, me, it);
+    RANK_CHECK(bad.member < 0, "uneven all_to_all ({} bytes a unit): rank {}'s {} bytes wrong at byte {}", bytes,
+               bad.member, bad.part, bad.byte);
     // reduce: the root gets the sum, everyone else keeps its data.
     const int64_t count = static_cast<int64_t>(bytes / 4);
     for (int root = 0; root < n; ++root) {
@@ -209,29 +233,20 @@ std::string all_to_all_by_single_copy(const Config& base, bool heap) {
     std::vector<int64_t> send, recv;
     for (int j = 0; j < n; ++j) send.push_back(even ? 100003 : count_of(me, j, 90001));
     for (int m = 0; m < n; ++m) recv.push_back(even ? 100003 : count_of(m, me, 90001));
-    const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
     const int64_t received = std::accumulate(recv.begin(), recv.end(), int64_t{0});
-    auto in = heap ? g.empty(DType::kI32, {sent}) : Tensor::allocate(DType::kI32, {sent});
+    auto in = split_input(g, send, heap, it);
     RANK_OK(in.status());
-    size_t at = 0;
-    for (int j = 0; j < n; ++j) {
-      fill(static_cast<std::byte*>(in->data()) + at, static_cast<size_t>(send[static_cast<size_t>(j)]) * 4, me, j, it);
-      at += static_cast<size_t>(send[static_cast<size_t>(j)]) * 4;
-    }
     Tensor out = Tensor::empty(DType::kI32, {received});
     std::memset(out.data(), 0xEE, out.nbytes());
     const uint64_t before = ch.bytes_read_from_peers();
     RANK_OK(even ? all_to_all(g, in->view(), out.view()) : all_to_all(g, in->view(), out.view(), send, recv));
     const uint64_t read = ch.bytes_read_from_peers() - before;
-    at = 0;
+    const WrongSplit bad = wrong_split(out, recv, me, it);
+    RANK_CHECK(bad.member < 0, "{} all_to_all by single copy ({}): rank {}'s {} bytes wrong at byte {}",
+               even ? "even" : "uneven", heap ? "heap" : "memory", bad.member, bad.part, bad.byte);
     uint64_t from_peers = 0;
     for (int m = 0; m < n; ++m) {
-      const size_t part = static_cast<size_t>(recv[static_cast<size_t>(m)]) * 4;
-      const long long bad = wrong(static_cast<std::byte*>(out.data()) + at, part, m, me, it);
-      RANK_CHECK(bad < 0, "{} all_to_all by single copy ({}): rank {}'s {} bytes wrong at byte {}",
-                 even ? "even" : "uneven", heap ? "heap" : "memory", m, part, bad);
-      if (m != me) from_peers += part;
-      at += part;
+      if (m != me) from_peers += static_cast<uint64_t>(recv[static_cast<size_t>(m)]) * 4;
     }
     RANK_CHECK(!counted || read == from_peers, "{} all_to_all: read {} bytes from peers' memory, its splits are {}",
                even ? "even" : "uneven", read, from_peers);

@@ -447,6 +447,19 @@ fgtest::JobOptions rendezvous_job(const char* token) {
   o.timeout = 20s;
   return o;
 }
+// Runs body(group, its NetChannel, group rank) on a rank of a
+// rendezvous_job (rendezvous forced), then a barrier; body's "" is success.
+template <class Body>
+std::string on_raw_net(const Config& c, Body body) {
+  ::setenv("UCX_RNDV_THRESH", "8k", 1);
+  auto comm = Communicator::create(c);
+  RANK_OK(comm.status());
+  Group& g = (*comm)->world();
+  if (std::string e = body(g, *impl_of(g)->net, g.rank()); !e.empty()) return e;
+  std::vector<uint8_t> one(1), both(2);
+  RANK_OK(all_gather(g, view(one), view(both)));
+  return "";
+}
 // Posts a receive of `iov` from member 0 and drives the channel until a
 // receive completes: whether it was this one, whole.
 bool receive_raw(transport::NetChannel& net, uint32_t call, const transport::NetIov* iov, int token,
@@ -465,31 +478,27 @@ bool receive_raw(transport::NetChannel& net, uint32_t call, const transport::Net
 // once: its receiver can fetch its bytes only through this member's
 // progress), and flushed() says yes only once the receiver has them.
 TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
-  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
-    ::setenv("UCX_RNDV_THRESH", "8k", 1);
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    Group& g = (*comm)->world();
-    transport::NetChannel& net = *impl_of(g)->net;
-    const int me = g.rank();
-    std::vector<uint8_t> out = message(0, 1, size_t{4} << 20, 88), in(out.size(), 0xEE);
-    const transport::NetIov iov[1] = {{me == 0 ? out.data() : in.data(), out.size()}};
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    if (me == 0) {
-      RANK_OK(net.send(1, 0, kRawCall, 0, iov));
-      const uint64_t mark = net.start_flush();
-      RANK_CHECK(mark != 0, "a send its receiver has not fetched counts as nothing left to flush");
-      bool done = false;
-      while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
-      RANK_CHECK(done, "the flush never ended");
-      RANK_CHECK(net.poll_sends(), "flushed, but the send is not complete");
-    } else {
-      RANK_CHECK(receive_raw(net, kRawCall, iov, 7, until), "the receive did not complete");
-      RANK_CHECK(wrong(in, 0, 1, 88) < 0, "the message");
-    }
-    std::vector<uint8_t> one(1), both(2);
-    RANK_OK(all_gather(g, view(one), view(both)));
-    return "";
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) {
+    return on_raw_net(c, [](Group&, transport::NetChannel& net, int me) -> std::string {
+      std::vector<uint8_t> out = message(0, 1, size_t{4} << 20, 88), in(out.size(), 0xEE);
+      const transport::NetIov iov[1] = {{me == 0 ? out.data() : in.data(), out.size()}};
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      if (me == 0) {
+        RANK_OK(net.send(1, 0, kRawCall, 0, iov));
+        const uint64_t mark = net.start_flush();
+        RANK_CHECK(mark != 0, "a send its receiver has not fetched counts as nothing left to flush");
+        bool done = false;
+        while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(100us);
+        }
+        RANK_CHECK(done, "the flush never ended");
+        RANK_CHECK(net.poll_sends(), "flushed, but the send is not complete");
+      } else {
+        RANK_CHECK(receive_raw(net, kRawCall, iov, 7, until), "the receive did not complete");
+        RANK_CHECK(wrong(in, 0, 1, 88) < 0, "the message");
+      }
+      return "";
+    });
   }, rendezvous_job("p2p-flush")));
 }
 
@@ -498,41 +507,37 @@ TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
 // flush, sends B; rank 1 takes A at once and B only 1 s later: the flush
 // ends while B is still in flight.
 TEST(PointToPoint, AFlushWaitsForTheSendsBeforeItNotForLaterOnes) {
-  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
-    ::setenv("UCX_RNDV_THRESH", "8k", 1);
-    auto comm = Communicator::create(c);
-    RANK_OK(comm.status());
-    Group& g = (*comm)->world();
-    transport::NetChannel& net = *impl_of(g)->net;
-    const int me = g.rank();
-    std::vector<uint8_t> a = message(0, 1, size_t{4} << 20, 91), b = message(0, 1, size_t{4} << 20, 92);
-    std::vector<uint8_t> a_in(a.size(), 0xEE), b_in(b.size(), 0xEE);
-    const transport::NetIov a_iov[1] = {{me == 0 ? a.data() : a_in.data(), a.size()}};
-    const transport::NetIov b_iov[1] = {{me == 0 ? b.data() : b_in.data(), b.size()}};
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    if (me == 0) {
-      RANK_OK(net.send(1, 0, kRawCall, 0, a_iov));
-      const uint64_t mark = net.start_flush();
-      RANK_CHECK(mark != 0, "A, not yet fetched, left nothing to flush");
-      RANK_OK(net.send(1, 0, kRawCall + 1, 0, b_iov));
-      bool done = false;
-      while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100us);
-      RANK_CHECK(done, "the flush of A never ended");
-      RANK_CHECK(!net.poll_sends(), "B completed before its receiver posted it: the flush cannot have ended first");
-      while (!net.poll_sends() && std::chrono::steady_clock::now() < until) {
-        net.progress();
-        std::this_thread::sleep_for(100us);
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) {
+    return on_raw_net(c, [](Group&, transport::NetChannel& net, int me) -> std::string {
+      std::vector<uint8_t> a = message(0, 1, size_t{4} << 20, 91), b = message(0, 1, size_t{4} << 20, 92);
+      std::vector<uint8_t> a_in(a.size(), 0xEE), b_in(b.size(), 0xEE);
+      const transport::NetIov a_iov[1] = {{me == 0 ? a.data() : a_in.data(), a.size()}};
+      const transport::NetIov b_iov[1] = {{me == 0 ? b.data() : b_in.data(), b.size()}};
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      if (me == 0) {
+        RANK_OK(net.send(1, 0, kRawCall, 0, a_iov));
+        const uint64_t mark = net.start_flush();
+        RANK_CHECK(mark != 0, "A, not yet fetched, left nothing to flush");
+        RANK_OK(net.send(1, 0, kRawCall + 1, 0, b_iov));
+        bool done = false;
+        while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(100us);
+        }
+        RANK_CHECK(done, "the flush of A never ended");
+        RANK_CHECK(!net.poll_sends(), "B completed before its receiver posted it: the flush cannot have ended first");
+        while (!net.poll_sends() && std::chrono::steady_clock::now() < until) {
+          net.progress();
+          std::this_thread::sleep_for(100us);
+        }
+        RANK_CHECK(net.poll_sends(), "B never left");
+      } else {
+        RANK_CHECK(receive_raw(net, kRawCall, a_iov, 1, until), "A did not arrive");
+        std::this_thread::sleep_for(1s);
+        RANK_CHECK(receive_raw(net, kRawCall + 1, b_iov, 2, until), "B did not arrive");
+        RANK_CHECK(wrong(a_in, 0, 1, 91) < 0 && wrong(b_in, 0, 1, 92) < 0, "the messages");
       }
-      RANK_CHECK(net.poll_sends(), "B never left");
-    } else {
-      RANK_CHECK(receive_raw(net, kRawCall, a_iov, 1, until), "A did not arrive");
-      std::this_thread::sleep_for(1s);
-      RANK_CHECK(receive_raw(net, kRawCall + 1, b_iov, 2, until), "B did not arrive");
-      RANK_CHECK(wrong(a_in, 0, 1, 91) < 0 && wrong(b_in, 0, 1, 92) < 0, "the messages");
-    }
-    std::vector<uint8_t> one(1), both(2);
-    RANK_OK(all_gather(g, view(one), view(both)));
-    return "";
+      return "";
+    });
   }, rendezvous_job("p2p-flush-mark")));
 }
 
