@@ -60,9 +60,9 @@ constexpr EnvVar kTable[] = {
      "across servers: the libucp to load (a path or a name for dlopen)"},
     {"UCX_TLS", K::kText, 0, 0, "", "UCX's; tcp when servers are simulated on one host", "UCX's transports (UCX reads it; fastgather only looks)"},
     {"UCX_NET_DEVICES", K::kText, 0, 0, "", "UCX's; lo when servers are simulated on one host", "UCX's devices (UCX reads it; fastgather only looks)"},
-    {"UCX_RNDV_THRESH", K::kText, 0, 0, "", "UCX's; inf when simulated over TCP", "UCX's rendezvous threshold (UCX reads it; fastgather only looks)"},
-    {"UCX_TCP_TX_SEG_SIZE", K::kText, 0, 0, "", "UCX's; 256k for fg-bench's simulated servers", "UCX's TCP segment (UCX reads it; fastgather only looks)"},
-    {"UCX_TCP_RX_SEG_SIZE", K::kText, 0, 0, "", "UCX's; 256k for fg-bench's simulated servers", "UCX's TCP segment (UCX reads it; fastgather only looks)"},
+    {"UCX_RNDV_THRESH", K::kText, 0, 0, "", "UCX's; inf where TCP alone carries the bytes between servers", "UCX's rendezvous threshold (UCX reads it; fastgather asks inf where TCP alone is used and this is unset)"},
+    {"UCX_TCP_TX_SEG_SIZE", K::kText, 0, 0, "", "UCX's; 256k where TCP alone carries the bytes between servers", "UCX's TCP segment (fastgather sets both to 256k in its process where TCP alone is used and neither is set)"},
+    {"UCX_TCP_RX_SEG_SIZE", K::kText, 0, 0, "", "UCX's; 256k where TCP alone carries the bytes between servers", "UCX's TCP segment (fastgather sets both to 256k in its process where TCP alone is used and neither is set)"},
     {"FG_LOG_SETTINGS", K::kFlag, 0, 0, "", "unset", "rank 0 prints the effective settings when a communicator starts"},
     {"FG_NO_MPIRUN", K::kFlag, 0, 0, "", "unset", "fg-bench: do not re-run under mpirun for the MPI comparator"},
 };

@@ -5,6 +5,7 @@
 #include <poll.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
@@ -22,6 +23,19 @@ Status ucx_error(const std::string& what, ucs_status_t st) {
 }
 
 bool env_set(const char* name) { return base::env_text(name).has_value(); }
+
+constexpr const char* kTcpSegment = "256k";
+
+// Whether TCP alone carries the bytes between servers: the user chose it
+// (UCX_TLS=tcp, or simulated servers, where fastgather does), or UCX chooses
+// and this host has no RDMA device, so that TCP is all it can find.
+bool tcp_alone(const std::string& tls) {
+  if (tls == "tcp") return true;
+  if (tls != "default") return false;
+  std::error_code ec;
+  const std::filesystem::directory_iterator devices("/sys/class/infiniband", ec);
+  return ec || devices == std::filesystem::directory_iterator();
+}
 
 // Statuses that mean the peer (or the way to it) is gone.
 bool peer_gone(ucs_status_t st) {
@@ -98,23 +112,32 @@ Result<std::unique_ptr<UcxContext>> UcxContext::create(const Options& options) {
       ucx().ucp_config_modify(config, "NET_DEVICES", "lo");
       devices = "lo";
     }
-    // Over TCP, rendezvous saves no copy and costs round trips: eager sends
-    // measured 2-3x faster here from 96 KB to 6 MB (docs/multinode.md).
-    if (!env_set("UCX_RNDV_THRESH") && tls == "tcp") {
+  }
+  // Between servers over TCP, UCX's defaults (rendezvous past a few KiB, 8
+  // KiB segments) measured 2-3.5x slower than eager sends in 256 KiB segments,
+  // on loopback and between two hosts on a veth link alike: rendezvous saves
+  // no copy over TCP and costs round trips, and each segment is a system call
+  // (docs/multinode.md). So where TCP alone carries the bytes, and unless the
+  // user set them, fastgather asks for both.
+  if (tcp_alone(tls)) {
+    if (!env_set("UCX_RNDV_THRESH")) {
       ucx().ucp_config_modify(config, "RNDV_THRESH", "inf");
       extra += ", UCX_RNDV_THRESH=inf";
     }
-    // TCP segments are a transport setting that ucp_config_modify() does
-    // not reach (UCX 1.13: it says yes and changes nothing); UCX reads them
-    // from the environment only, which the library leaves alone. fg-bench
-    // sets 256 KiB for the servers it simulates (docs/multinode.md).
-    const auto tx = base::env_text("UCX_TCP_TX_SEG_SIZE"), rx = base::env_text("UCX_TCP_RX_SEG_SIZE");
-    if (tx && rx && *tx == *rx) {
-      extra += ", UCX_TCP_TX/RX_SEG_SIZE=" + *tx;
-    } else {
-      if (tx) extra += ", UCX_TCP_TX_SEG_SIZE=" + *tx;
-      if (rx) extra += ", UCX_TCP_RX_SEG_SIZE=" + *rx;
+    // The segments are a transport setting that ucp_config_modify() does not
+    // reach (UCX 1.13: it says yes and changes nothing); UCX reads them from
+    // the environment alone, when a worker opens its interfaces. So they are
+    // set there, in this process, where the user set neither.
+    if (!env_set("UCX_TCP_TX_SEG_SIZE") && !env_set("UCX_TCP_RX_SEG_SIZE")) {
+      ::setenv("UCX_TCP_TX_SEG_SIZE", kTcpSegment, 0);
+      ::setenv("UCX_TCP_RX_SEG_SIZE", kTcpSegment, 0);
     }
+  }
+  if (const auto tx = base::env_text("UCX_TCP_TX_SEG_SIZE"), rx = base::env_text("UCX_TCP_RX_SEG_SIZE"); tx && rx && *tx == *rx) {
+    extra += ", UCX_TCP_TX/RX_SEG_SIZE=" + *tx;
+  } else {
+    if (tx) extra += ", UCX_TCP_TX_SEG_SIZE=" + *tx;
+    if (rx) extra += ", UCX_TCP_RX_SEG_SIZE=" + *rx;
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;

@@ -546,15 +546,6 @@ int main(int argc, char** argv) {
   }
   if (o.compare) maybe_reexec_under_mpirun(argc, argv, plan, simulate);
   if (simulate && !mpi::launched()) {
-    // 256 KiB TCP segments instead of UCX's 8 KiB between the simulated
-    // servers: fewer system calls per message (docs/multinode.md). UCX reads
-    // them from the environment alone; set here, before any rank exists,
-    // and kept where the user set them or chose the transports.
-    if (std::getenv("UCX_TLS") == nullptr && std::getenv("UCX_TCP_TX_SEG_SIZE") == nullptr &&
-        std::getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
-      ::setenv("UCX_TCP_TX_SEG_SIZE", "256k", 0);
-      ::setenv("UCX_TCP_RX_SEG_SIZE", "256k", 0);
-    }
     return simulate_servers(plan, [&](const Config& c) { return run_rank(c, o, plan); });
   }
   return run_local_ranks(plan, [&](const Config& c) { return run_rank(c, o, plan); });
