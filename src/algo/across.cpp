@@ -259,7 +259,8 @@ class Across {
       const Part out = part(me(), m);
       for (uint32_t p = 0; p < out.pieces.count(); ++p) {
         const size_t len = out.pieces.length(p);
-        const std::byte* src = len == 0 ? nullptr : call_.input + out.offset + out.pieces.offset(p);
+        const std::byte* src = nullptr;
+        if (len != 0) src = (call_.part_from != nullptr ? (*call_.part_from)(m) : call_.input + out.offset) + out.pieces.offset(p);
         if (Status s = ex_->send(m, me(), p, src, len); !s.ok()) co_return s;
       }
     }

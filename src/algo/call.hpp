@@ -71,6 +71,10 @@ struct GatherCall {
   // parts `landing` says where a member's part (not its block) lands. Null:
   // every member keeps every block.
   FunctionRef<size_t(int owner, int reader, size_t* offset)>* part = nullptr;
+  // With parts, across servers: where this member's part for `reader` lies,
+  // when its parts are not one buffer (a scatter's list); then `input` is
+  // needed only by the members of this server. Null: input + offset.
+  FunctionRef<const std::byte*(int reader)>* part_from = nullptr;
   size_t align = 1;             // every piece is a multiple of this (a row)
   Schedule schedule = Schedule::kAuto;  // as asked (plan_call decides what runs)
   // Where member m's block ends up (the sink puts it there). The ring reads

@@ -360,10 +360,16 @@ engine::Task<Status> scatter_from(Group& group, const TensorView& output, int ro
     co_return co_await algo::reduce_scatter_produced(*i.channel, call, plan, produce, scratch.data(), take);
   }
   // Across servers, the all-gather's direct schedule with parts: the root's
-  // block is all of its chunks back to back (put so here where they do not
-  // lie so), everyone else's is empty, and each member is sent its chunk.
+  // block is all of its chunks back to back, everyone else's is empty, and
+  // each member is sent its chunk. Where the chunks do not lie so (a list),
+  // each is sent from where it lies, and the block is put together here only
+  // for the members of the root's own server, who read it through shared
+  // memory; the root alone on its server takes its own chunk from its list.
+  const bool root_alone = i.channel->members() == 1;
+  auto chunk = [&](int reader) { return (*from)(reader); };
+  algo::FunctionRef<const std::byte*(int)> chunk_ref(chunk);
   std::vector<std::byte> joined;
-  if (am_root && whole == nullptr) {
+  if (am_root && whole == nullptr && !root_alone) {
     joined.resize(bytes * n);
     for (size_t d = 0; d < n && bytes != 0; ++d) std::memcpy(joined.data() + d * bytes, (*from)(static_cast<int>(d)), bytes);
     whole = joined.data();
@@ -378,11 +384,17 @@ engine::Task<Status> scatter_from(Group& group, const TensorView& output, int ro
   };
   algo::FunctionRef<size_t(int, int, size_t*)> part_ref(part);
   auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
-    if (member == root) take_range(off, src, len, me * bytes, (me + 1) * bytes, out, stream_out);
+    if (member != root) return;
+    if (src == nullptr) {  // the root's own block, not put together: its chunk from the list
+      if (bytes != 0 && out != (*from)(root)) algo::copy_out(out, (*from)(root), bytes, stream_out);
+      return;
+    }
+    take_range(off, src, len, me * bytes, (me + 1) * bytes, out, stream_out);
   };
+  const bool from_list = am_root && whole == nullptr;
   co_return co_await ops::gather_blocks(group, algo::OpCode::kScatter, static_cast<uint32_t>(output.dtype), whole,
                                         std::move(sizes), &landing_ref, stream_out, sink, Schedule::kAuto, nullptr,
-                                        static_cast<uint64_t>(root), &part_ref);
+                                        static_cast<uint64_t>(root), &part_ref, from_list ? &chunk_ref : nullptr);
 }
 
 engine::Task<Status> scatter_op(Group& group, const TensorView& input, const TensorView& output, int root) {
