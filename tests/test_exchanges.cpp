@@ -387,6 +387,29 @@ TEST(Exchanges, DisagreementsAreFoundOnEveryMemberAndTheGroupGoesOn) {
   }));
 }
 
+// Across servers (two of two ranks each), a scatter whose members disagree on
+// the root fails on every member with what it saw, not the group's timeout,
+// whichever server each thinks the root is on: rank 2 thinks it is the root (its server's scatter has its
+// chunks, its server peer's has none) while the others say rank 0 or rank 1.
+TEST(Exchanges, AcrossServersAScatterWhoseRootsDisagreeFailsEveryMember) {
+  for (int other_root : {0, 1}) {
+    fgtest::JobOptions o;
+    o.servers = 2;
+    o.token = "exchanges-roots";
+    o.timeout = std::chrono::milliseconds(5000);
+    fgtest::expect_all_ok(fgtest::run_job(4, [&](const Config& c) -> std::string {
+      auto comm = Communicator::create(c);
+      RANK_OK(comm.status());
+      Group& g = (*comm)->world();
+      const int root = g.rank() == 2 ? 2 : other_root;
+      std::vector<uint8_t> all(4 * 70001, 3), mine(70001, 0);
+      const Status s = scatter(g, TensorView(all.data(), DType::kU8, {4 * 70001}), TensorView(mine.data(), DType::kU8, {70001}), root);
+      RANK_CHECK(!s.ok() && s.kind() != ErrorKind::kTimeout, "scatter, roots {} and 2 disagree: {}", other_root, s.to_string());
+      return "";
+    }, o));
+  }
+}
+
 // Arguments no member could run with are refused before anything is sent,
 // naming what was wrong; a null pointer is never written through.
 TEST(Exchanges, BadArgumentsAreRefused) {

@@ -174,15 +174,45 @@ class Across {
 
   // The server-local phase: the one-shot gather over shared memory, with
   // member indices translated to the group's. keep: also leave each block in
-  // its landing place (a leader sends them on from there).
+  // its landing place (a leader sends them on from there). With parts, each
+  // member's block here is only what this server's members keep of it (from
+  // the first such byte to the last): a member on another server gets its
+  // part over the network, and nobody here needs it.
   engine::Task<Status> local_phase(bool keep) {
     const int base = topo_.first[topo_.mine];
+    const int here = topo_.local_count();
     GatherCall c = call_;
     c.landing = nullptr;
     c.stats = nullptr;
-    if (c.sizes != nullptr) c.sizes += base;  // the server's members, by their local index
+    c.part = nullptr;
+    c.part_from = nullptr;
+    std::vector<size_t> span, lo;
+    if (call_.part != nullptr) {
+      span.assign(static_cast<size_t>(here), 0);
+      lo.assign(static_cast<size_t>(here), 0);
+      for (int k = 0; k < here; ++k) {
+        size_t first = SIZE_MAX, last = 0;
+        for (int r = 0; r < here; ++r) {
+          size_t off = 0;
+          const size_t len = (*call_.part)(base + k, base + r, &off);
+          if (len == 0) continue;
+          first = std::min(first, off);
+          last = std::max(last, off + len);
+        }
+        if (first == SIZE_MAX) continue;
+        lo[static_cast<size_t>(k)] = first;
+        span[static_cast<size_t>(k)] = last - first;
+      }
+      c.sizes = span.data();
+      c.bytes = *std::max_element(span.begin(), span.end());
+      const size_t mine = lo[static_cast<size_t>(me() - base)];
+      c.input = call_.input == nullptr || span[static_cast<size_t>(me() - base)] == 0 ? nullptr : call_.input + mine;
+    } else if (c.sizes != nullptr) {
+      c.sizes += base;  // the server's members, by their local index
+    }
     auto translate = [&](int m, size_t off, const std::byte* src, size_t len) {
       const int member = base + m;
+      if (!lo.empty()) off += lo[static_cast<size_t>(m)];
       if (keep) {
         std::byte* dst = landing(member, off);
         if (dst != src) std::memcpy(dst, src, len);
@@ -264,7 +294,15 @@ class Across {
         if (Status s = ex_->send(m, me(), p, src, len); !s.ok()) co_return s;
       }
     }
-    if (Status s = co_await timed_local_phase(false); !s.ok()) co_return s;
+    if (call_.local_phase != nullptr) {
+      const auto t = Clock::now();
+      Status s = co_await (*call_.local_phase)();
+      intra_ns += ns_since(t);
+      if (s.kind() == ErrorKind::kMismatch) local_headers_compared = true;
+      if (!s.ok()) co_return s;
+    } else if (Status s = co_await timed_local_phase(false); !s.ok()) {
+      co_return s;
+    }
     for (size_t left = ex_->expected(); left > 0; --left) {
       auto got = co_await ex_->next();
       if (!got.ok()) co_return got.status();

@@ -13,6 +13,8 @@
 
 #include "algo/copy_in.hpp"
 #include "algo/function_ref.hpp"
+#include "engine/task.hpp"
+#include "fastgather/status.hpp"
 #include "fastgather/schedule.hpp"
 #include "fastgather/settings.hpp"
 
@@ -75,6 +77,11 @@ struct GatherCall {
   // when its parts are not one buffer (a scatter's list); then `input` is
   // needed only by the members of this server. Null: input + offset.
   FunctionRef<const std::byte*(int reader)>* part_from = nullptr;
+  // With parts, across servers: what this server's members need of each
+  // other, run instead of the server-local gather (which would move each
+  // member's whole block to every member here). A scatter's is the
+  // reduce-scatter's steps from the root's chunks. Null: the gather.
+  FunctionRef<engine::Task<Status>()>* local_phase = nullptr;
   size_t align = 1;             // every piece is a multiple of this (a row)
   Schedule schedule = Schedule::kAuto;  // as asked (plan_call decides what runs)
   // Where member m's block ends up (the sink puts it there). The ring reads

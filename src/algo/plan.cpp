@@ -390,7 +390,8 @@ std::vector<PlanRow> plan_table(const transport::Capabilities& within, const tra
       {"across servers, an op whose members keep parts of the blocks (gather, scatter, all_to_all)",
        "schedule: direct",
        "a member on another server is sent only its part (the root each block of a gather, each member its chunk of "
-       "a scatter and its split of an all_to_all), straight where it goes; within each server the rows of one server",
+       "a scatter and its split of an all_to_all), straight where it goes; within each server only what its members keep "
+       "of each other's blocks moves (a scatter: the reduce-scatter's steps), by the rows of one server",
        example_parts(d.hier_min_bytes), example_group(ch, {0, 1, 2})},
       {"across servers, one member on each, neither direct nor hierarchical asked for, any op but "
        "matmul_reduce_scatter", "over the steps between servers, planned by the rows of one server below",

@@ -321,6 +321,51 @@ engine::Task<Status> gather_list_op(Group& group, const TensorView& input, std::
   co_return co_await gather_to(group, input, root, group.rank() == root ? &at_ref : nullptr);
 }
 
+// The scatter among the members on this server (all of the group's, where
+// it is on one server): the reduce-scatter's steps, each holding the root's
+// piece for every other member here (no chunk for a member elsewhere enters
+// the ring, nor the root's own), and each member copies out its own; the
+// others' pieces are left unwritten. Where the root is on another server,
+// the members here run the same call with no bytes: their headers still
+// compare the op and the root. On the root, chunk d (of output's size)
+// starts at (*from)(d); `whole`: all of them back to back, where they lie so.
+engine::Task<Status> scatter_on_server(Group& group, TensorView output, int root,
+                                       algo::FunctionRef<const std::byte*(int)>* from, const std::byte* whole) {
+  Group::Impl& i = *impl_of(group);
+  const algo::Topology& topo = i.shape.topo;
+  const int first = topo.first[topo.mine], here = topo.local_count(), me = group.rank();
+  const bool root_here = topo.local(root), am_root = me == root;
+  const size_t bytes = output.nbytes();
+  auto* out = static_cast<std::byte*>(output.data);
+  if (here == 1) {
+    const std::byte* own = am_root ? (*from)(root) : nullptr;
+    if (own != nullptr && bytes != 0 && out != own) std::memcpy(out, own, bytes);
+    co_return Status::Ok();
+  }
+  const bool stream_out = algo::streams_out(bytes, i.settings);
+  algo::GatherCall call;
+  call.op = algo::OpCode::kScatter;
+  call.dtype = static_cast<uint32_t>(output.dtype);
+  call.input = whole != nullptr ? whole + static_cast<size_t>(first) * bytes : nullptr;
+  call.bytes = root_here ? bytes * static_cast<size_t>(here) : 0;
+  call.aux = static_cast<uint64_t>(root);
+  call.aux_name = "root";
+  call.settings = &i.settings;
+  // This server's members alone (the group's shape, where it has one server).
+  algo::GroupShape shape = i.shape;
+  if (topo.servers() > 1) shape.topo = algo::Topology::of(std::vector<int>(static_cast<size_t>(here), 0), me - first);
+  const algo::CallPlan plan = algo::plan_call(shape, call);
+  std::vector<std::byte> scratch(plan.piece);
+  auto produce = [&](int d, size_t off, size_t len, std::byte* dst) {
+    if (am_root) std::memcpy(dst, (*from)(first + d) + off, len);
+  };
+  auto take = [&](size_t offset, const std::byte* const* srcs, int, size_t len) {
+    const std::byte* src = srcs[root - first];
+    if (out + offset != src) algo::copy_out(out + offset, src, len, stream_out);
+  };
+  co_return co_await algo::reduce_scatter_produced(*i.channel, call, plan, produce, scratch.data(), take);
+}
+
 // The scatter itself, its arguments checked: on the root, chunk d (output's
 // size) starts at (*from)(d), and `whole` is all of them back to back where
 // they lie so (else null); elsewhere both are null.
@@ -328,54 +373,22 @@ engine::Task<Status> scatter_from(Group& group, const TensorView& output, int ro
                                   algo::FunctionRef<const std::byte*(int)>* from, const std::byte* whole) {
   const size_t n = static_cast<size_t>(group.size());
   const size_t bytes = output.nbytes();
-  const size_t me = static_cast<size_t>(group.rank());
   const bool am_root = group.rank() == root;
   Group::Impl& i = *impl_of(group);
-  auto* out = static_cast<std::byte*>(output.data);
-  const bool stream_out = algo::streams_out(bytes, i.settings);
-  if (i.net == nullptr) {
-    // Within a server, the reduce-scatter's steps: each holds the root's piece for
-    // every other member (its own chunk never enters the ring), and each member
-    // copies out its own; the others' pieces are left unwritten.
-    if (n == 1) {
-      const std::byte* own = (*from)(0);
-      if (bytes != 0 && out != own) std::memcpy(out, own, bytes);
-      co_return Status::Ok();
-    }
-    algo::GatherCall call;
-    call.op = algo::OpCode::kScatter;
-    call.dtype = static_cast<uint32_t>(output.dtype);
-    call.input = whole;
-    call.bytes = bytes * n;
-    call.aux = static_cast<uint64_t>(root);
-    call.aux_name = "root";
-    const algo::CallPlan plan = ops::plan_for(group, call);
-    std::vector<std::byte> scratch(plan.piece);
-    auto produce = [&](int d, size_t off, size_t len, std::byte* dst) {
-      if (am_root) std::memcpy(dst, (*from)(d) + off, len);
-    };
-    auto take = [&](size_t offset, const std::byte* const* srcs, int, size_t len) {
-      if (out + offset != srcs[root]) algo::copy_out(out + offset, srcs[root], len, stream_out);
-    };
-    co_return co_await algo::reduce_scatter_produced(*i.channel, call, plan, produce, scratch.data(), take);
-  }
+  if (i.net == nullptr) co_return co_await scatter_on_server(group, output, root, from, whole);
   // Across servers, the all-gather's direct schedule with parts: the root's
-  // block is all of its chunks back to back, everyone else's is empty, and
-  // each member is sent its chunk. Where the chunks do not lie so (a list),
-  // each is sent from where it lies, and the block is put together here only
-  // for the members of the root's own server, who read it through shared
-  // memory; the root alone on its server takes its own chunk from its list.
-  const bool root_alone = i.channel->members() == 1;
+  // block is its n chunks, everyone else's is empty, and each member on
+  // another server is sent its chunk, from where it lies, straight into its
+  // output; the members on the root's server get theirs by the scatter
+  // within it (the call's local phase) instead of the gather's, which would
+  // move the root's whole block to each of them.
   auto chunk = [&](int reader) { return (*from)(reader); };
   algo::FunctionRef<const std::byte*(int)> chunk_ref(chunk);
-  std::vector<std::byte> joined;
-  if (am_root && whole == nullptr && !root_alone) {
-    joined.resize(bytes * n);
-    for (size_t d = 0; d < n && bytes != 0; ++d) std::memcpy(joined.data() + d * bytes, (*from)(static_cast<int>(d)), bytes);
-    whole = joined.data();
-  }
+  auto on_server = [&]() { return scatter_on_server(group, output, root, from, whole); };
+  algo::FunctionRef<engine::Task<Status>()> on_server_ref(on_server);
   std::vector<size_t> sizes(n, 0);
   sizes[static_cast<size_t>(root)] = bytes * n;
+  auto* out = static_cast<std::byte*>(output.data);
   auto landing = [&](int member) -> std::byte* { return member == root ? out : nullptr; };
   algo::FunctionRef<std::byte*(int)> landing_ref(landing);
   auto part = [&](int owner, int reader, size_t* offset) -> size_t {
@@ -383,18 +396,12 @@ engine::Task<Status> scatter_from(Group& group, const TensorView& output, int ro
     return owner == root ? bytes : 0;
   };
   algo::FunctionRef<size_t(int, int, size_t*)> part_ref(part);
-  auto sink = [&](int member, size_t off, const std::byte* src, size_t len) {
-    if (member != root) return;
-    if (src == nullptr) {  // the root's own block, not put together: its chunk from the list
-      if (bytes != 0 && out != (*from)(root)) algo::copy_out(out, (*from)(root), bytes, stream_out);
-      return;
-    }
-    take_range(off, src, len, me * bytes, (me + 1) * bytes, out, stream_out);
-  };
-  const bool from_list = am_root && whole == nullptr;
+  // What arrives lands in the output (landing); nothing to copy.
+  auto sink = [](int, size_t, const std::byte*, size_t) {};
   co_return co_await ops::gather_blocks(group, algo::OpCode::kScatter, static_cast<uint32_t>(output.dtype), whole,
-                                        std::move(sizes), &landing_ref, stream_out, sink, Schedule::kAuto, nullptr,
-                                        static_cast<uint64_t>(root), &part_ref, from_list ? &chunk_ref : nullptr);
+                                        std::move(sizes), &landing_ref, algo::streams_out(bytes, i.settings), sink,
+                                        Schedule::kAuto, nullptr, static_cast<uint64_t>(root), &part_ref,
+                                        am_root ? &chunk_ref : nullptr, &on_server_ref);
 }
 
 engine::Task<Status> scatter_op(Group& group, const TensorView& input, const TensorView& output, int root) {

@@ -110,7 +110,8 @@ inline engine::Task<Status> gather_blocks(Group& group, algo::OpCode op, uint32_
                                           bool stream_out, algo::PieceSink sink, Schedule schedule = Schedule::kAuto,
                                           CallStats* stats = nullptr, uint64_t also = 0,
                                           algo::FunctionRef<size_t(int, int, size_t*)>* part = nullptr,
-                                          algo::FunctionRef<const std::byte*(int)>* part_from = nullptr) {
+                                          algo::FunctionRef<const std::byte*(int)>* part_from = nullptr,
+                                          algo::FunctionRef<engine::Task<Status>()>* local_phase = nullptr) {
   uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a over the sizes, then `also` (a root)
   auto mix = [&hash](uint64_t v) {
     for (int i = 0; i < 8; ++i) hash = (hash ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
@@ -128,6 +129,7 @@ inline engine::Task<Status> gather_blocks(Group& group, algo::OpCode op, uint32_
   call.landing = landing;
   call.part = part;
   call.part_from = part_from;
+  call.local_phase = local_phase;
   call.copy_in = &impl_of(group)->copy_in;
   call.stream_out = stream_out;
   co_return co_await run_gather(group, call, plan_for(group, call), sink, stats);
