@@ -57,6 +57,17 @@ Names& names() {
   return *n;
 }
 
+// Handles -> groups, for the direct operators: an index into a table that
+// only grows, so that a handle is never another group's. Weak, as the names.
+struct Handles {
+  std::mutex mu;
+  std::vector<c10::weak_intrusive_ptr<ProcessGroupFastgather>> slots;
+};
+Handles& handles() {
+  static Handles* h = new Handles;
+  return *h;
+}
+
 }  // namespace
 
 ProcessGroupFastgather::ProcessGroupFastgather(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -99,6 +110,26 @@ c10::intrusive_ptr<ProcessGroupFastgather> find_group(const std::string& hcom) {
   c10::intrusive_ptr<ProcessGroupFastgather> pg = it == n.map.end() ? nullptr : it->second.lock();
   TORCH_CHECK_VALUE(pg != nullptr, "fastgather: no fastgather group is named '", hcom,
                     "' in this process (get it from fastgather.get_comm_name(group, rank))");
+  return pg;
+}
+
+int64_t ProcessGroupFastgather::handle() {
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (handle_ < 0) {
+    handle_ = static_cast<int64_t>(h.slots.size());
+    h.slots.emplace_back(c10::intrusive_ptr<ProcessGroupFastgather>::reclaim_copy(this));
+  }
+  return handle_;
+}
+
+c10::intrusive_ptr<ProcessGroupFastgather> group_of_handle(int64_t handle) {
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mu);
+  TORCH_CHECK_VALUE(handle >= 0 && handle < static_cast<int64_t>(h.slots.size()), "fastgather: ", handle,
+                    " is not a fastgather group handle in this process (get one from fastgather.handle(group))");
+  c10::intrusive_ptr<ProcessGroupFastgather> pg = h.slots[static_cast<size_t>(handle)].lock();
+  TORCH_CHECK_VALUE(pg != nullptr, "fastgather: the group of handle ", handle, " is gone");
   return pg;
 }
 

@@ -36,6 +36,9 @@ class ProcessGroupFastgather : public c10d::Backend {
   // The name all_gather_base_mm takes; registered on first use (it needs the
   // intrusive pointer, which the constructor does not have yet).
   std::string comm_name();
+  // The group's handle for the direct operators (direct_ops.cpp): a small
+  // integer, never another group's in this process; registered on first use.
+  int64_t handle();
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
@@ -115,10 +118,15 @@ class ProcessGroupFastgather : public c10d::Backend {
 
   std::unique_ptr<fg::Communicator> comm_;
   std::string name_;
+  int64_t handle_ = -1;
   std::atomic<uint64_t> seq_{0};
 };
 
 // The group an hcom name (comm_name) stands for, or a ValueError.
 c10::intrusive_ptr<ProcessGroupFastgather> find_group(const std::string& hcom);
+
+// The group a handle (ProcessGroupFastgather::handle) stands for, or a
+// ValueError: no such handle, or its group is gone.
+c10::intrusive_ptr<ProcessGroupFastgather> group_of_handle(int64_t handle);
 
 }  // namespace fastgather_torch

@@ -12,6 +12,11 @@ namespace fastgather_torch {
 // The ops this backend serves, for the words of a refusal.
 extern const char* const kOnlyThese;
 
+// The library's reduction for torch's, for a tensor of this dtype: or a
+// NotImplementedError naming the op, the reduction and the dtype (checks the
+// tensor first: check_tensor).
+fg::ReduceOp check_reduce(const char* op, const at::Tensor& t, const char* what, const c10d::ReduceOp& reduce_op);
+
 // Once the requests are done: the user's tensor gets the contiguous buffer's bytes.
 void chain_copy(FastgatherWork& work, at::Tensor user, at::Tensor buf);
 

@@ -131,7 +131,8 @@ PYBIND11_MODULE(_C, m) {
                                                                                                 "ProcessGroupFastgather")
       .def("get_comm_name", name, py::arg("rank") = py::none(), "The name all_gather_base_mm takes as hcom")
       .def("get_hccl_comm_name", name, py::arg("rank") = py::none(), "get_comm_name, under torch_npu's name")
-      .def("transport", &ProcessGroupFastgather::transport);
+      .def("transport", &ProcessGroupFastgather::transport)
+      .def("handle", &ProcessGroupFastgather::handle, "The group's handle for the direct operators");
   m.def("create_backend", &create_backend, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>());
   m.def("comm_name", [](py::handle obj) { return ours(obj, "the backend")->comm_name(); });

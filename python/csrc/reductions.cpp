@@ -6,7 +6,6 @@
 #include "backend_parts.hpp"
 
 namespace fastgather_torch {
-namespace {
 
 // The library's reduction for torch's, for a tensor of this dtype: or a
 // NotImplementedError naming the op, the reduction and the dtype.
@@ -40,6 +39,8 @@ fg::ReduceOp check_reduce(const char* op, const at::Tensor& t, const char* what,
                               "ones and complex; band, bor and bxor integers and bool; complex: sum and avg)");
   return ours;
 }
+
+namespace {
 
 // PREMUL_SUM: every rank's input times the factor (a scalar, or a tensor of
 // one element), in the input's dtype, to be summed; other reductions: t.

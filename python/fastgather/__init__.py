@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["all_gather_base_mm", "mm_reduce_scatter_base", "empty", "get_comm_name", "transport", "backend_of", "set_settings", "settings", "BACKEND"]
+__all__ = ["all_gather_base_mm", "mm_reduce_scatter_base", "empty", "get_comm_name", "handle", "transport", "backend_of",
+           "set_settings", "settings", "BACKEND"]
 
 BACKEND = "fastgather"
 
@@ -73,6 +74,25 @@ def get_comm_name(group, rank=None):
     """The name all_gather_base_mm takes as ``hcom`` (the role of get_hccl_comm_name)."""
     del rank  # one name per group in this process, whatever the rank
     return backend_of(group).get_comm_name()
+
+
+def handle(group):
+    """The group's handle for the direct operators: an int, the same for the group's life, never
+    another group's in this process.
+
+    The direct operators are torch's functional collectives without torch.distributed's layers (no
+    Work, no hand-off; each blocks on the caller's thread until done, in order with the group's
+    other calls), for inference engines' per-token collectives; each takes the handle last::
+
+        h = fastgather.handle(group)
+        y = torch.ops.fastgather.all_reduce(x, "sum", h)            # also all_reduce_(x, "sum", h)
+        g = torch.ops.fastgather.all_gather_into_tensor(x, n, h)    # rows of every rank; _out(..., out=)
+        r = torch.ops.fastgather.reduce_scatter_tensor(x, "sum", n, h)
+        b = torch.ops.fastgather.broadcast(x, src, h)               # also broadcast_(x, src, h)
+
+    ``n`` is the group's size (checked); reductions: sum, avg, product, min, max, band, bor, bxor.
+    The out-of-place forms trace under torch.compile(fullgraph=True)."""
+    return backend_of(group).handle()
 
 
 def set_settings(**settings):
@@ -204,3 +224,32 @@ def mm_reduce_scatter_base(x1, x2, hcom, world_size, reduce_op="sum", bias=None,
 @torch.library.register_fake("fastgather::mm_reduce_scatter_base")
 def _mm_reduce_scatter_base_fake(x1, x2, hcom, world_size, reduce_op="sum", bias=None, comm_turn=0):
     return x1.new_empty((x1.shape[0] // world_size, x2.shape[1]))
+
+
+# The direct operators' shapes, for torch.compile and fake tensors (the kernels: csrc/direct_ops.cpp).
+@torch.library.register_fake("fastgather::all_reduce")
+def _all_reduce_fake(input, reduce_op, group):
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fastgather::all_gather_into_tensor")
+def _all_gather_into_tensor_fake(input, group_size, group):
+    shape = list(input.shape) or [1]
+    shape[0] *= group_size
+    return input.new_empty(shape)
+
+
+@torch.library.register_fake("fastgather::reduce_scatter_tensor")
+def _reduce_scatter_tensor_fake(input, reduce_op, group_size, group):
+    return input.new_empty([input.shape[0] // group_size] + list(input.shape[1:]))
+
+
+@torch.library.register_fake("fastgather::broadcast")
+def _broadcast_fake(input, src, group):
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+# A collective must run on every rank even where its result goes unused: never dropped from a graph.
+for _op in ("all_reduce", "all_reduce_", "all_gather_into_tensor", "all_gather_into_tensor_out",
+            "reduce_scatter_tensor", "broadcast", "broadcast_"):
+    torch.fx.node.has_side_effect(getattr(torch.ops.fastgather, _op).default)

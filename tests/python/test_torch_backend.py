@@ -53,6 +53,11 @@ def test_sums_every_dtype_match_expected_bits_and_gloo(world, tp, dp):
     run_ranks(world, "sums", tp, dp)
 
 
+@pytest.mark.parametrize("world,tp,dp", [(2, 1, 2), (4, 1, 4), (4, 2, 2)])
+def test_direct_operators_match_dist_and_gloo_and_compile(world, tp, dp):
+    run_ranks(world, "direct_ops", tp, dp, timeout=600)
+
+
 @pytest.mark.parametrize("world,tp,dp", [(2, 1, 2), (4, 2, 2)])
 def test_fused_matmul_reduce_scatter_against_float64_and_compiled(world, tp, dp):
     run_ranks(world, "fused_rs", tp, dp, timeout=600)

@@ -988,6 +988,96 @@ def compiled(rank, world):
     dist.barrier(group=fg)
 
 
+def direct_ops(rank, world, tp, dp):
+    """The direct operators (torch.ops.fastgather.*, by the group's handle) against torch.distributed on
+    the same fastgather group and on gloo, byte for byte: every dtype, in place and out of place, strided
+    tensors; under torch.compile(fullgraph=True); and every misuse refused with the reason."""
+    fg, ranks = groups(world, tp, dp, "fastgather")
+    gl, _ = groups(world, tp, dp, "gloo")
+    n, me = len(ranks), ranks.index(rank)
+    h = fastgather.handle(fg)
+    check(fastgather.handle(fg) == h and isinstance(h, int), "the handle is one int for the group's life")
+    ops = torch.ops.fastgather
+    for dtype in DTYPES:
+        for shape in [(1,), (7,), (4 * n, 5), (2 * n, 3072)]:
+            x = pattern(rank, dtype, shape)
+            reductions = ["sum", "max", "min"] if dtype != torch.bool else ["max", "min"]
+            for red in reductions:
+                want = x.clone()
+                dist.all_reduce(want, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                                          "min": dist.ReduceOp.MIN}[red], group=fg)
+                got = ops.all_reduce(x, red, h)
+                check(same_bytes(got, want) and same_bytes(x, pattern(rank, dtype, shape)),
+                      f"all_reduce {red} {dtype} {shape}: differs from dist.all_reduce, or the input changed")
+                y = x.clone()
+                check(ops.all_reduce_(y, red, h) is not None and same_bytes(y, want), f"all_reduce_ {red} {dtype} {shape}")
+                ref = x.clone()
+                # (gloo rounds fp16/bf16 sums at every step, fastgather once: compared where both are exact.)
+                exact = dtype not in (torch.float16, torch.bfloat16)
+                if red == "sum" and exact and gloo_or_none(lambda: (dist.all_reduce(ref, group=gl), True)[1]):
+                    check(same_bytes(got, ref), f"all_reduce {dtype} {shape}: differs from gloo")
+            gathered = torch.cat([pattern(r, dtype, shape) for r in ranks])
+            check(same_bytes(ops.all_gather_into_tensor(x, n, h), gathered), f"all_gather_into_tensor {dtype} {shape}")
+            out = torch.empty_like(gathered)
+            ops.all_gather_into_tensor_out(x, n, h, out=out)
+            check(same_bytes(out, gathered), f"all_gather_into_tensor_out {dtype} {shape}")
+            if shape[0] % n == 0 and dtype != torch.bool:
+                want = torch.empty((shape[0] // n,) + tuple(shape[1:]), dtype=dtype)
+                dist.reduce_scatter_tensor(want, x, group=fg)
+                check(same_bytes(ops.reduce_scatter_tensor(x, "sum", n, h), want), f"reduce_scatter_tensor {dtype} {shape}")
+            check(same_bytes(ops.broadcast(x, n - 1, h), pattern(ranks[-1], dtype, shape)), f"broadcast {dtype} {shape}")
+            b = x.clone()
+            ops.broadcast_(b, 0, h)
+            check(same_bytes(b, pattern(ranks[0], dtype, shape)), f"broadcast_ {dtype} {shape}")
+    # Strided tensors: read as they are, written back where they lie.
+    base = pattern(rank, torch.float32, (6, 10))
+    t = base.t()
+    ops.all_reduce_(t, "sum", h)
+    check(same_bytes(t.contiguous(), sum(pattern(r, torch.float32, (6, 10)) for r in ranks).t().contiguous()),
+          "all_reduce_ of a transposed tensor")
+    wide = torch.zeros((n * 10, 12))[:, ::2]
+    ops.all_gather_into_tensor_out(pattern(rank, torch.float32, (6, 10)).t(), n, h, out=wide)
+    check(same_bytes(wide.contiguous(), torch.cat([pattern(r, torch.float32, (6, 10)).t() for r in ranks])),
+          "all_gather_into_tensor_out into a strided out")
+
+    # torch.compile(fullgraph=True): the out-of-place forms trace (fake kernels) and give eager's bytes.
+    def layer(x):
+        s = ops.all_reduce(x * 2, "sum", h)
+        g = ops.all_gather_into_tensor(s, n, h)
+        r = ops.reduce_scatter_tensor(g, "avg", n, h)
+        return ops.broadcast(r + 1, 0, h)
+
+    fast = torch.compile(layer, fullgraph=True)
+    for rows in [n, 3 * n]:
+        x = (pattern(rank, torch.float32, (rows, 16), salt=rows) - 60) / 64
+        check(same_bytes(fast(x), layer(x)), f"compiled vs eager, {rows} rows")
+
+    # Misuse: the reason, on every rank alike (nothing is sent, so the group goes on).
+    x = torch.ones(4 * n)
+    for what, exc, fn, words in [
+            ("a handle that is no group's", ValueError, lambda: ops.all_reduce(x, "sum", 10 ** 6), "not a fastgather group handle"),
+            ("a negative handle", ValueError, lambda: ops.all_reduce(x, "sum", -1), "not a fastgather group handle"),
+            ("a reduction torch has no name for", NotImplementedError, lambda: ops.all_reduce(x, "median", h), "median"),
+            ("avg of int", NotImplementedError, lambda: ops.all_reduce(x.int(), "avg", h), "AVG"),
+            ("a wrong group_size", ValueError, lambda: ops.all_gather_into_tensor(x, n + 1, h), "group_size"),
+            ("rows that do not split", ValueError, lambda: ops.reduce_scatter_tensor(torch.ones(4 * n + 1), "sum", n, h), "split"),
+            ("an out of the wrong size", ValueError,
+             lambda: ops.all_gather_into_tensor_out(x, n, h, out=torch.empty(4 * n * n + 1)), "out"),
+            ("a src out of the group", ValueError, lambda: ops.broadcast(x, n, h), "src"),
+            ("None", (TypeError, RuntimeError), lambda: ops.all_reduce(None, "sum", h), ""),
+            ("a meta tensor in place", NotImplementedError,
+             lambda: ops.all_reduce_(torch.empty(4, device="meta"), "sum", h), "Meta")]:
+        msg = raises(what, exc, fn)
+        check(words in msg, f"{what}: {msg}")
+    # The group goes on.
+    check(same_bytes(ops.all_reduce(x, "sum", h), x * n), "after the refusals")
+    dist.barrier(group=fg)
+    # A destroyed group's handle names nothing.
+    dist.destroy_process_group(fg)
+    raises("a destroyed group's handle", (ValueError, RuntimeError), lambda: ops.all_reduce(x, "sum", h))
+    del me
+
+
 def raises(what, exc, fn):
     try:
         fn()
