@@ -19,6 +19,16 @@ gather, scatter, all_to_all_single, reduce, all_reduce (SUM and MAX) and a
 send/recv ping-pong (with a memcpy of the same bytes beside them) instead,
 gloo and fastgather in turn in every round. Across two hosts (network
 namespaces joined by a veth pair): tools/torch-bench/across_hosts.sh.
+
+    ... torch_bench.py --direct [--rounds 3] [--fg-bench build/tools/fg-bench/fg-bench]
+
+all_reduce (SUM) and all-gather (into one tensor) of fp32 from 4 KB to 6 MB per rank through
+every door, interleaved in every round: the direct operators (torch.ops.fastgather.all_reduce_,
+all_gather_into_tensor_out; and their OpOverload .default, looked up once, as an engine keeps it),
+dist.* on a fastgather group, dist.* on gloo, and fg-bench's C++ call (ordinary memory, and the
+group's heap); each both per call (median of the slowest rank,
+a barrier before every call) and back to back (the original script's way: total / iterations,
+slowest rank).
 """
 import argparse
 import ctypes
@@ -196,6 +206,109 @@ def print_exchanges(res, ranks, backends, rounds, ops):
             print(f"| {op} | {size} | " + " | ".join(cell(v) for v in row) + f" | {ratio} |")
 
 
+DIRECT_KB = [4, 16, 64, 96, 384, 1536, 6144]
+
+
+def back_to_back(fn, iters, group):
+    """The original script's timing: iterations back to back, total / iterations, the slowest rank."""
+    for _ in range(5):
+        fn()
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the gloo world
+    return t.item()
+
+
+def rank_direct(rank, world, port, q, rounds, exe):
+    """--direct: per round, per size, each way of calling in turn (see the module's docstring)."""
+    import fastgather
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    gl = dist.new_group(list(range(world)), backend="gloo")
+    h = fastgather.handle(fg)
+    ops = torch.ops.fastgather
+    # The overloads themselves, looked up once (as an engine keeps them): no packet to resolve per call.
+    all_reduce_, all_gather_out = ops.all_reduce_.default, ops.all_gather_into_tensor_out.default
+    res = {}
+    for r in range(rounds):
+        for kb in DIRECT_KB:
+            x = torch.randn(kb * 256)
+            flat = torch.empty(world * x.numel())
+            iters = max(20, min(2000, 40000 // kb))
+            calls = [("all_reduce", "direct", lambda: ops.all_reduce_(x, "sum", h)),
+                     ("all_reduce", "direct .default", lambda: all_reduce_(x, "sum", h)),
+                     ("all_reduce", "dist fastgather", lambda: dist.all_reduce(x, group=fg)),
+                     ("all_reduce", "dist gloo", lambda: dist.all_reduce(x, group=gl)),
+                     ("all_gather", "direct", lambda: ops.all_gather_into_tensor_out(x, world, h, out=flat)),
+                     ("all_gather", "direct .default", lambda: all_gather_out(x, world, h, out=flat)),
+                     ("all_gather", "dist fastgather", lambda: dist.all_gather_into_tensor(flat, x, group=fg)),
+                     ("all_gather", "dist gloo", lambda: dist.all_gather_into_tensor(flat, x, group=gl))]
+            for op, way, fn in calls:
+                n = iters if way != "dist gloo" else max(10, iters // 10)
+                res.setdefault((op, way, "call", kb), []).append(median_slowest(fn, n, fg))
+                res.setdefault((op, way, "loop", kb), []).append(back_to_back(fn, n, fg))
+        dist.barrier()
+        if exe and rank == 0:  # fg-bench between the rounds, the torch ranks idle at the barrier below
+            for inp in ("private", "symmetric"):
+                for (op, kb), v in fg_bench_direct(exe, world, port + 1 + r, inp).items():
+                    res.setdefault((op, f"C++ {inp}", "call", kb), []).append(v)
+        dist.barrier()
+    if rank == 0:
+        q.put(res)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fg_bench_direct(exe, world, port, inp):
+    """fg-bench's medians (s) of all_reduce and all_gather at DIRECT_KB, fp32, hidden 1024."""
+    ms = [kb // 4 or 1 for kb in DIRECT_KB]
+    out = subprocess.run([exe, "--m", ",".join(map(str, ms)), "--hidden", "1024", "--dtype", "fp32", "--ops",
+                          "all_reduce,all_gather", "--no-compare", "--no-limits", "--input", inp, "--time-ms", "200",
+                          "--port", str(port)], env=dict(os.environ, TP="1", DP=str(world), FG_NO_MPIRUN="1"),
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    medians, op = {}, None
+    for line in out.splitlines():
+        if line.startswith("### "):
+            op = {"AllReduce": "all_reduce", "AllGather": "all_gather"}.get(line.split()[1].rstrip(","))
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if op and len(cells) >= 6 and cells[0].isdigit() and int(cells[0]) in ms:
+            medians[(op, DIRECT_KB[ms.index(int(cells[0]))])] = float(cells[4]) / 1e3
+    return medians
+
+
+def print_direct(res, ranks, rounds):
+    print(f"torch {torch.__version__}, {ranks} ranks, {os.cpu_count()} CPUs, fp32, {rounds} interleaved rounds; "
+          "each cell the median over rounds (us), [min-max of the rounds]; per call: each round's median of the "
+          "slowest rank (a barrier before every call); loop: back to back, total / iterations, slowest rank\n")
+    ways = ["direct", "direct .default", "dist fastgather", "dist gloo"]
+    for op in ("all_reduce", "all_gather"):
+        print(f"\n{op}:\n")
+        print("| per rank | C++ private | C++ heap | " + " | ".join(f"{w} (call)" for w in ways) + " | " +
+              " | ".join(f"{w} (loop)" for w in ways) + " | direct - C++ private (call) | dist - direct (call) | gloo / dist (call) |")
+        print("|---:|" + "---:|" * (2 + 2 * len(ways) + 3))
+
+        def cell(key):
+            v = res.get(key)
+            return "-" if not v else f"{statistics.median(v) * 1e6:.1f} [{min(v) * 1e6:.1f}-{max(v) * 1e6:.1f}]"
+
+        def med(key):
+            v = res.get(key)
+            return statistics.median(v) if v else None
+        for kb in DIRECT_KB:
+            size = f"{kb} KB" if kb < 1024 else f"{kb / 1024:g} MB"
+            d, c, f, g = (med((op, "direct", "call", kb)), med((op, "C++ private", "call", kb)),
+                          med((op, "dist fastgather", "call", kb)), med((op, "dist gloo", "call", kb)))
+            print(f"| {size} | {cell((op, 'C++ private', 'call', kb))} | {cell((op, 'C++ symmetric', 'call', kb))} | " +
+                  " | ".join(cell((op, w, "call", kb)) for w in ways) + " | " +
+                  " | ".join(cell((op, w, "loop", kb)) for w in ways) + " | " +
+                  (f"{(d - c) * 1e6:+.1f}" if d and c else "-") + " | " + (f"{(f - d) * 1e6:+.1f}" if d and f else "-") +
+                  " | " + (f"{g / f:.1f}x" if g and f else "-") + " |")
+
+
 def fg_bench_medians(exe, world, port):
     out = subprocess.run([exe, "--m", ",".join(map(str, MS)), "--ops", "all_gather", "--no-compare", "--no-limits",
                           "--input", "private", "--port", str(port)], env=dict(os.environ, TP="1", DP=str(world), FG_NO_MPIRUN="1"),
@@ -219,6 +332,9 @@ def main():
                     help="gather, scatter, all_to_all_single, reduce and a send/recv ping-pong instead, the backends interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="--exchanges: interleaved rounds")
     ap.add_argument("--ops", default=",".join(EXCHANGES), help="--exchanges: which of " + ",".join(EXCHANGES))
+    ap.add_argument("--direct", action="store_true",
+                    help="all_reduce and all-gather through the direct operators, dist.* on fastgather and on gloo, and "
+                         "fg-bench's C++ (with --fg-bench), 4 KB to 6 MB, interleaved rounds")
     ap.add_argument("--rank", type=int, default=-1,
                     help="--exchanges: run this one rank of --ranks (started by hand on each host, e.g. by "
                          "across_hosts.sh); rank 0 prints the table. Default: every rank here")
@@ -227,6 +343,15 @@ def main():
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     backends = a.backends.split(",")
+    if a.direct:
+        procs = [ctx.Process(target=rank_direct, args=(r, a.ranks, a.port, q, a.rounds, a.fg_bench)) for r in range(a.ranks)]
+        for p in procs:
+            p.start()
+        res = q.get(timeout=3600)
+        for p in procs:
+            p.join()
+        print_direct(res, a.ranks, a.rounds)
+        return
     if a.exchanges:
         ops = a.ops.split(",")
         unknown = sorted(set(ops) - set(EXCHANGES))
