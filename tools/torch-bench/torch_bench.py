@@ -230,6 +230,9 @@ def rank_direct(rank, world, port, q, rounds, exe):
     fg = dist.new_group(list(range(world)), backend="fastgather")
     gl = dist.new_group(list(range(world)), backend="gloo")
     h = fastgather.handle(fg)
+    # A group of this rank alone (every rank makes every one): what a call costs with nothing to exchange.
+    solos = [dist.new_group([r], backend="fastgather") for r in range(world)]
+    solo = solos[rank]
     ops = torch.ops.fastgather
     # The overloads themselves, looked up once (as an engine keeps them): no packet to resolve per call.
     all_reduce_, all_gather_out = ops.all_reduce_.default, ops.all_gather_into_tensor_out.default
@@ -258,6 +261,20 @@ def rank_direct(rank, world, port, q, rounds, exe):
                     res.setdefault((op, f"C++ {inp}", "call", kb), []).append(v)
         dist.barrier()
     if rank == 0:
+        x, hs = torch.randn(1024), fastgather.handle(solo)
+
+        def each(fn, n=20000):
+            for _ in range(200):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            return (time.perf_counter() - t0) / n
+        res["alone"] = [("torch.ops.fastgather.all_reduce_(x, 'sum', h)", each(lambda: ops.all_reduce_(x, "sum", hs))),
+                        ("torch.ops.fastgather.all_reduce_.default(x, 'sum', h)", each(lambda: all_reduce_(x, "sum", hs))),
+                        ("dist.all_reduce(x, group=g)", each(lambda: dist.all_reduce(x, group=solo))),
+                        ("x.add_(0)", each(lambda: x.add_(0))),
+                        ("torch.ops.aten.add_(x, 0)", each(lambda: torch.ops.aten.add_(x, 0)))]
         q.put(res)
     dist.barrier()
     dist.destroy_process_group()
@@ -281,6 +298,12 @@ def fg_bench_direct(exe, world, port, inp):
 
 
 def print_direct(res, ranks, rounds):
+    print("A call with nothing to exchange (a group of one rank), 4 KB fp32, back to back, rank 0 (us):\n")
+    print("| call | us |")
+    print("|---|---:|")
+    for name, v in res.get("alone", []):
+        print(f"| `{name}` | {v * 1e6:.2f} |")
+    print()
     print(f"torch {torch.__version__}, {ranks} ranks, {os.cpu_count()} CPUs, fp32, {rounds} interleaved rounds; "
           "each cell the median over rounds (us), [min-max of the rounds]; per call: each round's median of the "
           "slowest rank (a barrier before every call); loop: back to back, total / iterations, slowest rank\n")
