@@ -463,6 +463,16 @@ std::string on_raw_net(const Config& c, Body body) {
   RANK_OK(all_gather(g, view(one), view(both)));
   return "";
 }
+// Whether the flush marked `mark` ends before `until` (asked every 100 us;
+// flushed() drives the sends itself).
+bool flushed_by(transport::NetChannel& net, uint64_t mark, std::chrono::steady_clock::time_point until) {
+  while (!net.flushed(mark)) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(100us);
+  }
+  return true;
+}
+
 // Posts a receive of `iov` from member 0 and drives the channel until a
 // receive completes: whether it was this one, whole.
 bool receive_raw(transport::NetChannel& net, uint32_t call, const transport::NetIov* iov, int token,
@@ -490,10 +500,7 @@ TEST(PointToPoint, ASendItsReceiverHasNotFetchedIsLeftToFlush) {
         RANK_OK(net.send(1, 0, kRawCall, 0, iov));
         const uint64_t mark = net.start_flush();
         RANK_CHECK(mark != 0, "a send its receiver has not fetched counts as nothing left to flush");
-        bool done = false;
-        while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) {
-          std::this_thread::sleep_for(100us);
-        }
+        const bool done = flushed_by(net, mark, until);
         RANK_CHECK(done, "the flush never ended");
         RANK_CHECK(net.poll_sends(), "flushed, but the send is not complete");
       } else {
@@ -522,10 +529,7 @@ TEST(PointToPoint, AFlushWaitsForTheSendsBeforeItNotForLaterOnes) {
         const uint64_t mark = net.start_flush();
         RANK_CHECK(mark != 0, "A, not yet fetched, left nothing to flush");
         RANK_OK(net.send(1, 0, kRawCall + 1, 0, b_iov));
-        bool done = false;
-        while (!(done = net.flushed(mark)) && std::chrono::steady_clock::now() < until) {
-          std::this_thread::sleep_for(100us);
-        }
+        const bool done = flushed_by(net, mark, until);
         RANK_CHECK(done, "the flush of A never ended");
         RANK_CHECK(!net.poll_sends(), "B completed before its receiver posted it: the flush cannot have ended first");
         while (!net.poll_sends() && std::chrono::steady_clock::now() < until) {
