@@ -591,16 +591,110 @@ TEST_P(RingAcrossServers, EveryByteBothWaitingOrders) {
       RANK_OK(r.wait());
       RANK_CHECK(wrong(in, prev, me, it) < 0, "the message beside the all-gather");
     }
-    // From any source is served only where every rank is on this server.
-    std::vector<uint8_t> buf(16);
-    Status s = recv(g, view(buf), kAnySource);
-    RANK_CHECK(s.kind() == ErrorKind::kUnsupported && s.message().find("any source") != std::string::npos, "{}",
-               s.to_string());
     return "";
   }, o));
 }
 
 INSTANTIATE_TEST_SUITE_P(PointToPoint, RingAcrossServers, ::testing::Values(2, 4));
+
+// From any source across servers (ranks on this server and elsewhere):
+// each message taken once, its sender said, its bytes right, eager and
+// rendezvous sizes; a member elsewhere whose next message has another tag
+// is passed over (that message is left for the receive that names it),
+// and its message with the tag is taken after that.
+class AnySourceAcrossServers : public ::testing::TestWithParam<int> {};
+
+TEST_P(AnySourceAcrossServers, EachMessageOnceItsSenderSaidOtherTagsLeft) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-any-across";
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    const int n = g.size(), last = n - 1;
+    for (size_t bytes : {size_t{3000}, size_t{1} << 20}) {
+      // A tag per round: senders may run a round ahead.
+      const int64_t tag = bytes == 3000 ? 11 : 12;
+      if (g.rank() == last) {
+        // Its first message has another tag: no receive from any source with the round's tag may take it.
+        std::vector<uint8_t> other = message(last, 0, 64, 5);
+        RANK_OK(send(g, view(other), 0, 5));
+      }
+      if (g.rank() != 0) {
+        std::vector<uint8_t> out = message(g.rank(), 0, bytes, bytes);
+        RANK_OK(send(g, view(out), 0, tag));
+        continue;
+      }
+      std::vector<int> sources;
+      auto take = [&]() -> std::string {
+        std::vector<uint8_t> in(bytes, 0xEE);
+        int source = -7;
+        RANK_OK(recv(g, view(in), kAnySource, tag, &source));
+        RANK_CHECK(source >= 1 && source < n, "source {}", source);
+        const long long bad = wrong(in, source, 0, bytes);
+        RANK_CHECK(bad < 0, "{} bytes said to be from rank {}: byte {} is wrong", bytes, source, bad);
+        sources.push_back(source);
+        return "";
+      };
+      for (int k = 0; k < n - 2; ++k) {
+        if (std::string e = take(); !e.empty()) return e;
+      }
+      std::sort(sources.begin(), sources.end());
+      for (int k = 0; k < n - 2; ++k) {
+        RANK_CHECK(sources[static_cast<size_t>(k)] == k + 1, "{} bytes: sources {}, rank {} (whose next message has tag 5) "
+                                                             "among them", bytes, fmt::join(sources, ","), last);
+      }
+      std::vector<uint8_t> other(64, 0xEE);
+      RANK_OK(recv(g, view(other), last, 5));
+      RANK_CHECK(wrong(other, last, 0, 5) < 0, "the message with tag 5");
+      if (std::string e = take(); !e.empty()) return e;
+      RANK_CHECK(sources.back() == last, "the last message came from rank {}, not {}", sources.back(), last);
+    }
+    std::vector<uint8_t> one(64, static_cast<uint8_t>(g.rank())), all(64 * static_cast<size_t>(n));
+    RANK_OK(all_gather(g, view(one), view(all)));
+    RANK_CHECK(all[64 * static_cast<size_t>(last)] == static_cast<uint8_t>(last), "the all-gather after");
+    return "";
+  }, o));
+}
+
+INSTANTIATE_TEST_SUITE_P(PointToPoint, AnySourceAcrossServers, ::testing::Values(2, 4));
+
+// Across servers, a receive from any source that nobody sends to ends in
+// the timeout, saying so, and the group goes on; one whose message has a
+// tag of the same 15-bit fold (1 and 32768) is no wrong byte: a Mismatch
+// naming both tags (the group then fails, as after any mismatch between
+// servers).
+TEST(PointToPoint, AnySourceAcrossServersTimesOutOrFindsTheTagWrong) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-any-across-timeout";
+  o.timeout = 1500ms;
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> in(64, 0xEE), one(4), all(8);
+    if (g.rank() == 0) std::this_thread::sleep_for(2s);  // its all-gather must not wait out the timeout
+    if (g.rank() == 1) {
+      Status s = recv(g, view(in), kAnySource, 3);
+      RANK_CHECK(s.kind() == ErrorKind::kTimeout && s.message().find("receiving from any rank (tag 3)") != std::string::npos,
+                 "{}", s.to_string());
+    }
+    RANK_OK(all_gather(g, view(one), view(all)));
+    if (g.rank() == 0) {
+      std::vector<uint8_t> out = message(0, 1, 64, 1);
+      RANK_OK(send(g, view(out), 1, 32768));
+    } else {
+      Status s = recv(g, view(in), kAnySource, 1);
+      RANK_CHECK(s.kind() == ErrorKind::kMismatch && s.message().find("with tag 32768 to rank 1, which receives 64 bytes "
+                                                                      "with tag 1") != std::string::npos,
+                 "{}", s.to_string());
+    }
+    return "";
+  }, o));
+}
 
 // Sends and receives handed to the library's progress thread while this
 // thread runs collectives on the same group between servers: two threads

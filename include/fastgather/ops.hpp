@@ -232,9 +232,12 @@ Status all_to_all(Group& group, const TensorView& input, const TensorView& outpu
 constexpr int kAnySource = -1;
 Request start_send(Group& group, const TensorView& data, int peer, int64_t tag = 0);
 Status send(Group& group, const TensorView& data, int peer, int64_t tag = 0);
-// peer may be kAnySource (a group whose ranks are all on this server): the
-// first message with `tag` from any member; *source (when set) then says
-// which group rank sent it, once the receive is complete.
+// peer may be kAnySource (a group of at least two ranks): the first message
+// with `tag` from any member, on this server or another; *source (when set)
+// then says which group rank sent it, once the receive is complete. Between
+// servers the tag is matched by its 15-bit fold before the message is taken
+// (tags below 32768 never share one); a message whose whole tag then
+// disagrees is kMismatch.
 Request start_recv(Group& group, const TensorView& data, int peer, int64_t tag = 0, int* source = nullptr);
 Status recv(Group& group, const TensorView& data, int peer, int64_t tag = 0, int* source = nullptr);
 

@@ -16,8 +16,7 @@ const char* const kOnlyThese =
     "all_gather_into_tensor_coalesced, all_reduce, all_reduce_coalesced, reduce, reduce_scatter, "
     "reduce_scatter_tensor and its coalesced form (sum, avg, product, min, max, band, bor, bxor, premul_sum), "
     "broadcast, "
-    "gather, scatter, all_to_all, all_to_all_single, barrier, send and recv (and recv from any source between "
-    "ranks of one server); for other ops "
+    "gather, scatter, all_to_all, all_to_all_single, barrier, send and recv (and recv from any source); for other ops "
     "keep a gloo world "
     "(init_process_group(\"gloo\", ...)) and make the groups that gather and reduce with "
     "dist.new_group(ranks, backend=\"fastgather\")";

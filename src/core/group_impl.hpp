@@ -68,9 +68,6 @@ struct Group::Impl {
   // receive from its own peer (batch_isend_irecv's pairs), nor they for it.
   std::unique_ptr<transport::ShmMail> mail;
   std::vector<std::unique_ptr<engine::Queue>> sends, receives;
-  // Between servers: the messages sent to, and received from, each member
-  // over `net` so far (their number rides in the tag).
-  std::vector<uint32_t> messages_sent, messages_received;
   engine::Queue any_receives;
   // After a call between servers, its sends still in flight, driven in the
   // background (ops/request.hpp, flush_in_background).
@@ -81,8 +78,6 @@ struct Group::Impl {
   const std::vector<engine::Queue*>& queues() const { return all_queues; }
   void make_queues(size_t members) {
     all_queues = {&queue, &any_receives, &flushes};
-    messages_sent.assign(members, 0);
-    messages_received.assign(members, 0);
     for (size_t m = 0; m < members; ++m) {
       sends.push_back(std::make_unique<engine::Queue>());
       receives.push_back(std::make_unique<engine::Queue>());

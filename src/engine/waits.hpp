@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -345,6 +346,72 @@ class MailArrival final : public Waiter {
 };
 inline MailArrival mail_arrival(transport::ShmMail& mail, int from, int64_t tag, bool* claimed, int* chosen) {
   return {mail, from, tag, claimed, chosen};
+}
+
+// co_await any_source(mail, net, remote, tag, iov, &claimed, &chosen): a
+// receive from any source in a group across servers. The first member on
+// this server whose next chunk starts a message with `tag` (its mailbox
+// then owned, as mail_arrival(mail, -1, ...) does; mail may be null: no
+// other member here), or the first member elsewhere (`remote`: their
+// NetChannel member indices) whose next message carries the tag's fold
+// (NetChannel::recv_any_message: its receive then posted into iov; resumes
+// with its id and member). Fails on lost peers as the channel between
+// servers does (a group across servers breaks on the first); a wait that
+// outlasts the deadline leaves the group as it is (nothing was posted).
+class AnySource final : public Waiter {
+ public:
+  AnySource(transport::ShmMail* mail, transport::NetChannel& net, std::span<const int> remote, int64_t tag,
+            std::span<const transport::NetIov> iov, bool* claimed, int* chosen)
+      : net_(net), remote_(remote), tag_(tag), iov_(iov) {
+    if (mail != nullptr) local_.emplace(*mail, -1, tag, claimed, chosen);
+  }
+  bool await_ready() {
+    error = net_.broken();
+    return !error.ok() || ready();
+  }
+  // The message between servers, once posted; nothing when a mailbox here was chosen.
+  Result<std::optional<transport::NetChannel::AnyMessage>> await_resume() {
+    if (!error.ok()) return error;
+    if (!got_.ok()) return got_.status();
+    return got_.value();
+  }
+
+  bool ready() override {
+    if (!got_.ok() || got_.value().has_value()) return true;
+    if (local_ && local_->ready()) return true;
+    got_ = net_.recv_any_message(remote_, tag_, iov_);
+    return !got_.ok() || got_.value().has_value();
+  }
+  Status check() override { return net_.check("receiving from any rank", lost_since_); }
+  Status timed_out(std::chrono::milliseconds t) override {
+    return {ErrorKind::kTimeout,
+            fmt::format("{}: rank {} timed out after {} ms receiving from any rank (tag {}): nobody sent it a message",
+                        net_.label(), net_.world_rank(net_.me()), t.count(), tag_)};
+  }
+  Status fail(const Status& why) override { return why; }
+  // In short slices, the network's events and the mailboxes' futexes in turn.
+  void sleep(std::chrono::nanoseconds slice) override {
+    slice = std::min<std::chrono::nanoseconds>(slice, std::chrono::microseconds(200));
+    if (local_ && (turn_++ & 1) != 0) {
+      local_->sleep(slice);
+    } else {
+      net_.sleep(slice);
+    }
+  }
+
+ private:
+  transport::NetChannel& net_;
+  std::span<const int> remote_;
+  int64_t tag_;
+  std::span<const transport::NetIov> iov_;
+  std::optional<MailArrival> local_;
+  Result<std::optional<transport::NetChannel::AnyMessage>> got_{std::optional<transport::NetChannel::AnyMessage>{}};
+  std::optional<Clock::time_point> lost_since_;
+  unsigned turn_ = 0;
+};
+inline AnySource any_source(transport::ShmMail* mail, transport::NetChannel& net, std::span<const int> remote,
+                            int64_t tag, std::span<const transport::NetIov> iov, bool* claimed, int* chosen) {
+  return {mail, net, remote, tag, iov, claimed, chosen};
 }
 
 }  // namespace fastgather::engine

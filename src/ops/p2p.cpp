@@ -18,7 +18,9 @@
 // refuses a message of another length or tag: both sides then fail with the
 // same words. Between servers a send is done when UCX says so; a receive
 // that disagrees fails the group (a group across servers stays failed after
-// an error), its reason published for the sender.
+// an error), its reason published for the sender. A receive from any source
+// in a group across servers looks at the mailboxes here and at the next
+// message of each member elsewhere (engine::AnySource).
 #include <algorithm>
 #include <cstring>
 
@@ -58,12 +60,8 @@ Result<Peer> peer_of(Group& group, const char* op, int peer) {
 Status check(Group& group, const char* op, const TensorView& data, int peer, bool any_allowed) {
   if (Status s = ops::need_data(group, op, "tensor", data); !s.ok()) return s;
   if (any_allowed && peer == kAnySource) {
-    const Group::Impl& gi = *impl_of(group);
-    if (gi.mail != nullptr && gi.net == nullptr) return Status::Ok();
-    return {ErrorKind::kUnsupported,
-            fmt::format("{} on {} (rank {}): a receive from any source is served only in a group whose ranks are all on "
-                        "this server (of {} ranks, {} are here)",
-                        op, group.describe(), gi.ranks[static_cast<size_t>(gi.me)], group.size(), gi.channel->members())};
+    if (group.size() > 1) return Status::Ok();
+    return ops::invalid(group, op, "a receive from any source in a group of one rank: no other rank can send to it");
   }
   if (peer < 0 || peer >= group.size()) {
     return ops::invalid(group, op, fmt::format("peer {} is not a rank of the group (0 to {})", peer, group.size() - 1));
@@ -95,21 +93,20 @@ engine::Task<Status> send_across(Group& group, const TensorView& data, int peer,
   Group::Impl& gi = *impl_of(group);
   Wire w{data.nbytes(), tag};
   const transport::NetIov iov[2] = {{&w, sizeof w}, {data.data, data.nbytes()}};
-  auto id = gi.net->send_message(peer, ++gi.messages_sent[static_cast<size_t>(peer)], iov);
+  auto id = gi.net->send_message(peer, tag, iov);
   if (!id.ok()) co_return id.status();
   Status s = co_await engine::message_sent(*gi.net, id.value());
   RequestAccess::flush_in_background(gi);
   co_return s;
 }
 
-engine::Task<Status> recv_across(Group& group, const TensorView& data, int peer, int64_t tag) {
+// A receive between servers, posted (id) into the Wire w and the data:
+// the length and the tag the message carries are what the receiver asks.
+engine::Task<Status> received_across(Group& group, const TensorView& data, int peer, int64_t tag, uint64_t id,
+                                     const Wire& w) {
   Group::Impl& gi = *impl_of(group);
-  Wire w;
   const size_t total = data.nbytes();
-  const transport::NetIov iov[2] = {{&w, sizeof w}, {data.data, total}};
-  auto id = gi.net->recv_message(peer, ++gi.messages_received[static_cast<size_t>(peer)], iov);
-  if (!id.ok()) co_return id.status();
-  auto got = co_await engine::message_received(*gi.net, id.value());
+  auto got = co_await engine::message_received(*gi.net, id);
   Status s = got.ok() ? Status::Ok() : got.status();
   if (s.ok() && (got.value() != sizeof w + total || w.total != total || w.tag != tag)) {
     s = disagree(group, peer, got.value() < sizeof w ? 0 : w.total, w.tag, gi.me, total, tag);
@@ -120,6 +117,15 @@ engine::Task<Status> recv_across(Group& group, const TensorView& data, int peer,
     gi.net->fail(s);
   }
   co_return s;
+}
+
+engine::Task<Status> recv_across(Group& group, const TensorView& data, int peer, int64_t tag) {
+  Group::Impl& gi = *impl_of(group);
+  Wire w;
+  const transport::NetIov iov[2] = {{&w, sizeof w}, {data.data, data.nbytes()}};
+  auto id = gi.net->recv_message(peer, iov);
+  if (!id.ok()) co_return id.status();
+  co_return co_await received_across(group, data, peer, tag, id.value(), w);
 }
 
 engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int64_t tag) {
@@ -162,13 +168,22 @@ engine::Task<Status> send_op(Group& group, const TensorView& data, int peer, int
 
 // Lets go of the mailbox a receive owned, however it ends.
 struct Owned {
-  ShmMail& mail;
+  ShmMail* mail;
   bool claimed = false;
   int from = -1;
   ~Owned() {
-    if (claimed) mail.release(from);
+    if (claimed) mail->release(from);
   }
 };
+
+// The group ranks a receive from any source listens to over UCX: those not on this server.
+std::vector<int> reached_over_net(Group& group) {
+  std::vector<int> remote;
+  for (int r = 0; r < group.size(); ++r) {
+    if (r != group.rank() && !peer_of(group, "recv", r).value().local) remote.push_back(r);
+  }
+  return remote;
+}
 
 engine::Task<Status> recv_op(Group& group, const TensorView& data, int peer, int64_t tag, int* source) {
   Group::Impl& gi = *impl_of(group);
@@ -182,6 +197,23 @@ engine::Task<Status> recv_op(Group& group, const TensorView& data, int peer, int
     }
     named = p.index;
   }
+  Owned own{gi.mail.get()};
+  if (named < 0 && gi.net != nullptr) {
+    // From any source, in a group across servers: a member here (then its
+    // mailbox, below), or a message over UCX.
+    const std::vector<int> remote = reached_over_net(group);
+    Wire w;
+    const transport::NetIov iov[2] = {{&w, sizeof w}, {data.data, data.nbytes()}};
+    auto got = co_await engine::any_source(gi.mail.get(), *gi.net, remote, tag, iov, &own.claimed, &own.from);
+    if (!got.ok()) co_return got.status();
+    if (got.value().has_value()) {
+      const int from = got.value()->from;
+      Status s = co_await received_across(group, data, from, tag, got.value()->id, w);
+      if (s.ok() && source != nullptr) *source = from;
+      co_return s;
+    }
+    named = own.from;
+  }
   ShmMail& mail = *gi.mail;
   const int me = gi.channel->me();
   if (named >= 0) {
@@ -189,7 +221,6 @@ engine::Task<Status> recv_op(Group& group, const TensorView& data, int peer, int
   }
   auto* dst = static_cast<std::byte*>(data.data);
   const size_t total = data.nbytes();
-  Owned own{mail};
   uint64_t message = 0;
   size_t off = 0;
   do {

@@ -186,6 +186,10 @@ struct NetChannel::Impl {
   std::vector<std::unique_ptr<Op>> recvs, sends;
   uint64_t last_id = 0;
   uint64_t send_seq = 0;  // sends posted so far
+  // Point-to-point messages numbered so far, to and from each member; the
+  // member a receive from any source looks at first.
+  std::vector<uint32_t> messages_sent, messages_received;
+  size_t any_first = 0;
 
   // Polls the sends posted before `mark`; true once none of them is in
   // flight (each poll is idempotent: the send's owner still finds it,
@@ -280,6 +284,8 @@ Result<std::unique_ptr<NetChannel>> NetChannel::connect(std::unique_ptr<UcxWorke
   ch->impl_->owned = std::move(worker);
   ch->impl_->group = group_id;
   ch->impl_->eps.resize(world_ranks.size());
+  ch->impl_->messages_sent.assign(world_ranks.size(), 0);
+  ch->impl_->messages_received.assign(world_ranks.size(), 0);
   ch->world_ranks_ = std::move(world_ranks);
   ch->me_ = me;
   ch->label_ = std::move(label);
@@ -352,6 +358,10 @@ Status NetChannel::send(int to, int owner, uint32_t call, uint32_t piece, std::s
 }
 
 Status NetChannel::recv(int from, int owner, uint32_t call, uint32_t piece, std::span<const NetIov> iov, int token) {
+  return post_recv(from, make_tag(impl_->group, owner, call, piece), ~uint64_t{0}, iov, token);
+}
+
+Status NetChannel::post_recv(int from, uint64_t tag, uint64_t mask, std::span<const NetIov> iov, int token) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   auto op = std::make_unique<Op>();
@@ -363,8 +373,7 @@ Status NetChannel::recv(int from, int owner, uint32_t call, uint32_t piece, std:
   // completion of an iov receive (seen: the length stayed unset).
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.datatype = ucp_dt_make_iov();
-  ucs_status_ptr_t r = ucx().ucp_tag_recv_nbx(impl_->w->worker, op->iov.data(), op->iov.size(),
-                                              make_tag(impl_->group, owner, call, piece), ~uint64_t{0}, &p);
+  ucs_status_ptr_t r = ucx().ucp_tag_recv_nbx(impl_->w->worker, op->iov.data(), op->iov.size(), tag, mask, &p);
   if (UCS_PTR_IS_ERR(r)) {
     Status s = ucx_error(fmt::format("{}: receiving from rank {}", label_, world_ranks_[from]), UCS_PTR_STATUS(r));
     fail(s);
@@ -424,20 +433,57 @@ bool NetChannel::flushed(uint64_t mark) {
   return impl_->sends_done(mark) || !broken_.ok();
 }
 
-Result<uint64_t> NetChannel::send_message(int to, uint32_t message, std::span<const NetIov> iov) {
+uint32_t NetChannel::point_to_point_piece(int64_t tag) {
+  // Folded 15 bits at a time, so that tags below 32768 never share a piece.
+  uint64_t t = static_cast<uint64_t>(tag);
+  uint32_t fold = 0;
+  for (; t != 0; t >>= 15) fold ^= static_cast<uint32_t>(t & (kPointToPointPiece - 1));
+  return kPointToPointPiece | fold;
+}
+
+Result<uint64_t> NetChannel::send_message(int to, int64_t tag, std::span<const NetIov> iov) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   const size_t before = impl_->sends.size();
-  if (Status s = send(to, me_, message, kPointToPointPiece, iov); !s.ok()) return s;
+  const uint32_t number = ++impl_->messages_sent[static_cast<size_t>(to)];
+  if (Status s = send(to, me_, number, point_to_point_piece(tag), iov); !s.ok()) return s;
   if (impl_->sends.size() == before) return uint64_t{0};  // sent already (eager)
   impl_->sends.back()->id = ++impl_->last_id;
   return impl_->last_id;
 }
 
-Result<uint64_t> NetChannel::recv_message(int from, uint32_t message, std::span<const NetIov> iov) {
+Result<uint64_t> NetChannel::recv_message(int from, std::span<const NetIov> iov) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
-  if (Status s = recv(from, from, message, kPointToPointPiece, iov, -1); !s.ok()) return s;
+  const uint32_t number = ++impl_->messages_received[static_cast<size_t>(from)];
+  // Any fold: a tag that disagrees is the caller's to find (it is in the message).
+  const uint64_t mask = ~uint64_t{kPointToPointPiece - 1};
+  if (Status s = post_recv(from, make_tag(impl_->group, from, number, kPointToPointPiece), mask, iov, -1); !s.ok()) return s;
   impl_->recvs.back()->id = ++impl_->last_id;
   return impl_->last_id;
+}
+
+Result<std::optional<NetChannel::AnyMessage>> NetChannel::recv_any_message(std::span<const int> from, int64_t tag,
+                                                                           std::span<const NetIov> iov) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  ucx().ucp_worker_progress(impl_->w->worker);
+  const uint32_t piece = point_to_point_piece(tag);
+  const size_t n = from.size();
+  for (size_t i = 0; i < n; ++i) {
+    const size_t k = (impl_->any_first + i) % n;
+    const int m = from[k];
+    const uint32_t number = impl_->messages_received[static_cast<size_t>(m)] + 1;
+    ucp_tag_recv_info_t info{};
+    // Left where it is (remove = 0): recv_message's receive takes it.
+    if (ucx().ucp_tag_probe_nb(impl_->w->worker, make_tag(impl_->group, m, number, piece), ~uint64_t{0}, 0, &info) ==
+        nullptr) {
+      continue;
+    }
+    impl_->any_first = (k + 1) % n;
+    auto id = recv_message(m, iov);
+    if (!id.ok()) return id.status();
+    return std::optional<AnyMessage>{AnyMessage{id.value(), m}};
+  }
+  return std::optional<AnyMessage>{};
 }
 
 namespace {

@@ -5,8 +5,10 @@
 //
 // A message is identified by its tag: group id (16 bits), the member whose
 // bytes it carries (12), the group's call counter (20) and the piece of the
-// call (16). Members are never more than one call apart (a call completes
-// only once every peer has sent its part of it), so the counter may wrap.
+// call (16: below 32767 a collective's pieces, 32767 the steps', from 32768
+// point-to-point messages, their number in the call field). Members are
+// never more than one call apart (a call completes only once every peer
+// has sent its part of it), so the counter may wrap.
 // The transport moves iovecs and reports completions; what the bytes mean,
 // and in which order to post them, is the algorithm's business.
 #pragma once
@@ -98,11 +100,13 @@ class NetChannel {
   int world_rank(int member) const { return world_ranks_[member]; }
   const std::string& label() const { return label_; }
   // What every NetChannel can do: post every piece at once, each received
-  // where it lands; no more pieces than the tag numbers (the last number is
-  // the steps', NetSteps::kStepPiece).
-  static constexpr Capabilities capabilities() { return {.max_pieces = kMaxNetPieces - 2, .many_in_flight = true}; }
-  // The piece number of point-to-point messages (the steps' is the last).
-  static constexpr uint32_t kPointToPointPiece = kMaxNetPieces - 2;
+  // where it lands; no more pieces than the tag numbers below the steps'
+  // (NetSteps::kStepPiece, the last number without kPointToPointPiece's bit).
+  static constexpr Capabilities capabilities() { return {.max_pieces = kMaxNetPieces / 2 - 1, .many_in_flight = true}; }
+  // The bit of the piece number that marks a point-to-point message; the
+  // piece's other 15 bits hold its tag's fold (point_to_point_piece).
+  static constexpr uint32_t kPointToPointPiece = kMaxNetPieces / 2;
+  static uint32_t point_to_point_piece(int64_t tag);
   // Every member calls this once per collective, in the same order.
   uint32_t next_call() { return ++call_; }
 
@@ -119,13 +123,30 @@ class NetChannel {
     int token;
     size_t length;  // bytes received (a shorter message than posted is the caller's to judge)
   };
-  // Point-to-point (ops/p2p.cpp): message number `message` of this member
-  // to `to` (the receiver counts them alike), or from `from`. Each is known
-  // by the id it returns, and only by it: poll_receive() and poll_sends()
-  // ignore them, so that a collective never waits for a send whose receiver
-  // has not come, nor takes a receive meant for a send/recv.
-  Result<uint64_t> send_message(int to, uint32_t message, std::span<const NetIov> iov);
-  Result<uint64_t> recv_message(int from, uint32_t message, std::span<const NetIov> iov);
+  // Point-to-point (ops/p2p.cpp): this member's next message to `to`, and
+  // the next one from `from`. Each pair and direction numbers its messages
+  // alike (the tag's call field), so that they are taken in the order they
+  // were sent; the piece marks them point-to-point and carries the fold of
+  // the user's tag (point_to_point_piece), which a receive from any source
+  // looks for; a receive from one member takes its next message whatever
+  // the fold (the message carries its whole tag: the caller compares it).
+  // Each is known by the id it returns, and only by it: poll_receive() and
+  // poll_sends() ignore them, so that a collective never waits for a send
+  // whose receiver has not come, nor takes a receive meant for a send/recv.
+  Result<uint64_t> send_message(int to, int64_t tag, std::span<const NetIov> iov);
+  Result<uint64_t> recv_message(int from, std::span<const NetIov> iov);
+  // A receive from any of the members `from`: the first (from a different
+  // one each time) whose next message has arrived with `tag`'s fold, its
+  // receive posted into iov as recv_message(member, iov) would; nothing
+  // when no such message is here yet (it progresses the worker first). A
+  // member's next message carrying another tag is left for another receive;
+  // tags of the same fold (1 and 32768) are told apart only by the caller,
+  // once the message is taken.
+  struct AnyMessage {
+    uint64_t id;
+    int from;
+  };
+  Result<std::optional<AnyMessage>> recv_any_message(std::span<const int> from, int64_t tag, std::span<const NetIov> iov);
   // Whether the message is sent / received (its length), or its error;
   // once it says so the id is forgotten.
   Result<bool> message_sent(uint64_t id);
@@ -178,6 +199,8 @@ class NetChannel {
  private:
   NetChannel() = default;
   size_t pending_receives() const;
+  // recv(), with the bits of the tag that must match (mask).
+  Status post_recv(int from, uint64_t tag, uint64_t mask, std::span<const NetIov> iov, int token);
   std::unique_ptr<Impl> impl_;
   std::vector<int> world_ranks_;
   int me_ = -1;

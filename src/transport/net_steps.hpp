@@ -73,8 +73,8 @@ class NetSteps final : public Channel {
 
   // The piece number a step's messages carry in their tag (an Exchange on
   // the same NetChannel numbers its pieces below it).
-  static constexpr uint32_t kStepPiece = kMaxNetPieces - 1;
-  static_assert(NetChannel::kPointToPointPiece < kStepPiece && NetChannel::capabilities().max_pieces <= NetChannel::kPointToPointPiece);
+  static constexpr uint32_t kStepPiece = NetChannel::kPointToPointPiece - 1;
+  static_assert(NetChannel::capabilities().max_pieces <= kStepPiece && (kStepPiece & NetChannel::kPointToPointPiece) == 0);
 
  private:
   struct Slot {

@@ -20,7 +20,7 @@ namespace fastgather::transport {
   X(ucp_config_read) X(ucp_config_modify) X(ucp_config_release) X(ucp_init_version) X(ucp_cleanup)          \
   X(ucp_get_version_string) X(ucp_worker_create) X(ucp_worker_destroy) X(ucp_worker_get_efd) X(ucp_worker_arm) \
   X(ucp_worker_get_address) X(ucp_worker_release_address) X(ucp_worker_progress) X(ucp_ep_create)           \
-  X(ucp_ep_close_nbx) X(ucp_tag_send_nbx) X(ucp_tag_recv_nbx) X(ucp_tag_recv_request_test)                 \
+  X(ucp_ep_close_nbx) X(ucp_tag_send_nbx) X(ucp_tag_recv_nbx) X(ucp_tag_probe_nb) X(ucp_tag_recv_request_test)                 \
   X(ucp_request_check_status) X(ucp_request_cancel) X(ucp_request_free) X(ucs_status_string)
 
 struct UcxApi {

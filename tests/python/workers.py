@@ -716,7 +716,7 @@ def world_backend(rank, world):
 
 def across_hosts(rank, world):
     """Ranks on different hosts (network namespaces): UCX between them, every byte right, for every
-    op the backend serves across hosts."""
+    op the backend serves across hosts (a receive from any source among them)."""
     fg = dist.new_group(list(range(world)), backend="fastgather", timeout=datetime.timedelta(seconds=30))
     check("UCX" in fastgather.transport(fg), fastgather.transport(fg))
     for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.bool]:
@@ -779,6 +779,18 @@ def across_hosts(rank, world):
         for w in reqs:
             w.wait()
         check(same_bytes(got, pattern(prev, torch.float32, shape, salt=5)), f"send/recv {shape} from rank {prev}")
+    # A receive from any source (src=None): rank 0 takes one message from each other rank, on its
+    # host and on the other, each said to come from its sender.
+    if rank == 0:
+        seen = set()
+        for _ in range(world - 1):
+            t = torch.empty(70000)
+            src = dist.recv(t, group=fg, tag=4)
+            check(same_bytes(t, pattern(src, torch.float32, (70000,), salt=6)), f"any source: the message said to be from {src}")
+            seen.add(src)
+        check(seen == set(range(1, world)), f"any source: sources {sorted(seen)}")
+    else:
+        dist.send(pattern(rank, torch.float32, (70000,), salt=6), dst=0, group=fg, tag=4)
     print(f"rank {rank}: {fastgather.transport(fg)}", file=sys.stderr)
 
 def world_backend_env(rank, world):
