@@ -20,15 +20,18 @@ send/recv ping-pong (with a memcpy of the same bytes beside them) instead,
 gloo and fastgather in turn in every round. Across two hosts (network
 namespaces joined by a veth pair): tools/torch-bench/across_hosts.sh.
 
-    ... torch_bench.py --direct [--rounds 3] [--fg-bench build/tools/fg-bench/fg-bench]
+    ... torch_bench.py --direct [--rounds 3] [--dtypes fp32,bf16] [--fg-bench build/tools/fg-bench/fg-bench]
 
-all_reduce (SUM) and all-gather (into one tensor) of fp32 from 4 KB to 6 MB per rank through
-every door, interleaved in every round: the direct operators (torch.ops.fastgather.all_reduce_,
+all_reduce (SUM) and all-gather (into one tensor) from 4 KB to 6 MB per rank through every door,
+interleaved in every round: the direct operators (torch.ops.fastgather.all_reduce_,
 all_gather_into_tensor_out; and their OpOverload .default, looked up once, as an engine keeps it),
-dist.* on a fastgather group, dist.* on gloo, and fg-bench's C++ call (ordinary memory, and the
-group's heap); each both per call (median of the slowest rank,
-a barrier before every call) and back to back (the original script's way: total / iterations,
-slowest rank).
+dist.* on a fastgather group, dist.* on gloo, DeepSpeed's shared-memory all_reduce
+(torch.ops.deepspeed.inference_all_reduce_, what deepspeed.comm.inference_all_reduce calls; where
+deepspeed is installed: pip install --no-build-isolation deepspeed==0.19.8, its op JIT-built with
+g++ at the first run, fp32 only without AVX-512), and fg-bench's C++ call (ordinary memory, and
+the group's heap); each both per call (median of the slowest rank, a barrier before every call)
+and back to back (the original script's way: total / iterations, slowest rank). Each rank takes
+its share of the cores for torch's threads (torch.set_num_threads(cpus // ranks)).
 """
 import argparse
 import ctypes
@@ -222,11 +225,36 @@ def back_to_back(fn, iters, group):
     return t.item()
 
 
-def rank_direct(rank, world, port, q, rounds, exe):
-    """--direct: per round, per size, each way of calling in turn (see the module's docstring)."""
+def deepspeed_all_reduce(rank, world, port):
+    """DeepSpeed's shared-memory all_reduce of the whole world (its op, built and initialized as
+    deepspeed.comm's TorchBackend does), and which dtypes its kernels serve on this CPU; or None and
+    why not."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+    except ImportError as e:
+        return None, (), f"deepspeed is not installed ({e})"
+    # Its shared memory is named after these, and used only where every rank is local (LOCAL_SIZE).
+    os.environ.update(LOCAL_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    mod = get_accelerator().create_op_builder("ShareMemCommBuilder").load()
+    mod.initialize(world, rank)
+    level = mod.vector_kernel_level()  # 1: AVX2, fp32 only; 2: AVX-512BW, bf16 and fp16 too
+    dtypes = ("fp32",) if level == 1 else ("fp32", "bf16") if level >= 2 else ()
+    return torch.ops.deepspeed.inference_all_reduce_, dtypes, f"vector kernel level {level}"
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def rank_direct(rank, world, port, q, rounds, exe, dtypes):
+    """--direct: per round, per dtype, per size, each way of calling in turn (see the module's docstring)."""
     import fastgather
+    # The cores shared out among the ranks, as inference engines and DeepSpeed's launcher do
+    # (OMP_NUM_THREADS): DeepSpeed's op reduces with torch's threads, and two of them per rank on two
+    # cores made its 4 KB call 28-50 us here, 5-10 ms in a script of its own (1 thread: 5.4 us).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
+    ds, ds_dtypes, ds_why = deepspeed_all_reduce(rank, world, port + 100)
     fg = dist.new_group(list(range(world)), backend="fastgather")
     gl = dist.new_group(list(range(world)), backend="gloo")
     h = fastgather.handle(fg)
@@ -236,30 +264,33 @@ def rank_direct(rank, world, port, q, rounds, exe):
     ops = torch.ops.fastgather
     # The overloads themselves, looked up once (as an engine keeps them): no packet to resolve per call.
     all_reduce_, all_gather_out = ops.all_reduce_.default, ops.all_gather_into_tensor_out.default
-    res = {}
+    res = {"deepspeed": ds_why}
     for r in range(rounds):
-        for kb in DIRECT_KB:
-            x = torch.randn(kb * 256)
-            flat = torch.empty(world * x.numel())
-            iters = max(20, min(2000, 40000 // kb))
-            calls = [("all_reduce", "direct", lambda: ops.all_reduce_(x, "sum", h)),
-                     ("all_reduce", "direct .default", lambda: all_reduce_(x, "sum", h)),
-                     ("all_reduce", "dist fastgather", lambda: dist.all_reduce(x, group=fg)),
-                     ("all_reduce", "dist gloo", lambda: dist.all_reduce(x, group=gl)),
-                     ("all_gather", "direct", lambda: ops.all_gather_into_tensor_out(x, world, h, out=flat)),
-                     ("all_gather", "direct .default", lambda: all_gather_out(x, world, h, out=flat)),
-                     ("all_gather", "dist fastgather", lambda: dist.all_gather_into_tensor(flat, x, group=fg)),
-                     ("all_gather", "dist gloo", lambda: dist.all_gather_into_tensor(flat, x, group=gl))]
-            for op, way, fn in calls:
-                n = iters if way != "dist gloo" else max(10, iters // 10)
-                res.setdefault((op, way, "call", kb), []).append(median_slowest(fn, n, fg))
-                res.setdefault((op, way, "loop", kb), []).append(back_to_back(fn, n, fg))
-        dist.barrier()
-        if exe and rank == 0:  # fg-bench between the rounds, the torch ranks idle at the barrier below
-            for inp in ("private", "symmetric"):
-                for (op, kb), v in fg_bench_direct(exe, world, port + 1 + r, inp).items():
-                    res.setdefault((op, f"C++ {inp}", "call", kb), []).append(v)
-        dist.barrier()
+        for dt in dtypes:
+            for kb in DIRECT_KB:
+                x = torch.randn(kb * 1024 // DTYPES[dt].itemsize).to(DTYPES[dt])
+                flat = torch.empty(world * x.numel(), dtype=x.dtype)
+                iters = max(20, min(2000, 40000 // kb))
+                calls = [("all_reduce", "direct", lambda: ops.all_reduce_(x, "sum", h)),
+                         ("all_reduce", "direct .default", lambda: all_reduce_(x, "sum", h)),
+                         ("all_reduce", "dist fastgather", lambda: dist.all_reduce(x, group=fg)),
+                         ("all_reduce", "dist gloo", lambda: dist.all_reduce(x, group=gl)),
+                         ("all_gather", "direct", lambda: ops.all_gather_into_tensor_out(x, world, h, out=flat)),
+                         ("all_gather", "direct .default", lambda: all_gather_out(x, world, h, out=flat)),
+                         ("all_gather", "dist fastgather", lambda: dist.all_gather_into_tensor(flat, x, group=fg)),
+                         ("all_gather", "dist gloo", lambda: dist.all_gather_into_tensor(flat, x, group=gl))]
+                if dt in ds_dtypes:
+                    calls.append(("all_reduce", "deepspeed", lambda: ds(x)))
+                for op, way, fn in calls:
+                    n = iters if way != "dist gloo" else max(10, iters // 10)
+                    res.setdefault((op, way, "call", kb, dt), []).append(median_slowest(fn, n, fg))
+                    res.setdefault((op, way, "loop", kb, dt), []).append(back_to_back(fn, n, fg))
+            dist.barrier()
+            if exe and rank == 0:  # fg-bench between the rounds, the torch ranks idle at the barrier below
+                for inp in ("private", "symmetric"):
+                    for (op, kb), v in fg_bench_direct(exe, world, port + 1 + r * len(dtypes) + dtypes.index(dt), inp, dt).items():
+                        res.setdefault((op, f"C++ {inp}", "call", kb, dt), []).append(v)
+            dist.barrier()
     if rank == 0:
         x, hs = torch.randn(1024), fastgather.handle(solo)
 
@@ -280,10 +311,11 @@ def rank_direct(rank, world, port, q, rounds, exe):
     dist.destroy_process_group()
 
 
-def fg_bench_direct(exe, world, port, inp):
-    """fg-bench's medians (s) of all_reduce and all_gather at DIRECT_KB, fp32, hidden 1024."""
+def fg_bench_direct(exe, world, port, inp, dt):
+    """fg-bench's medians (s) of all_reduce and all_gather at DIRECT_KB: rows of 4 KB (1024 fp32, 2048 bf16)."""
+    hidden = 4096 // DTYPES[dt].itemsize
     ms = [kb // 4 or 1 for kb in DIRECT_KB]
-    out = subprocess.run([exe, "--m", ",".join(map(str, ms)), "--hidden", "1024", "--dtype", "fp32", "--ops",
+    out = subprocess.run([exe, "--m", ",".join(map(str, ms)), "--hidden", str(hidden), "--dtype", dt, "--ops",
                           "all_reduce,all_gather", "--no-compare", "--no-limits", "--input", inp, "--time-ms", "200",
                           "--port", str(port)], env=dict(os.environ, TP="1", DP=str(world), FG_NO_MPIRUN="1"),
                          capture_output=True, text=True, timeout=600, check=True).stdout
@@ -297,22 +329,24 @@ def fg_bench_direct(exe, world, port, inp):
     return medians
 
 
-def print_direct(res, ranks, rounds):
+def print_direct(res, ranks, rounds, dtypes):
     print("A call with nothing to exchange (a group of one rank), 4 KB fp32, back to back, rank 0 (us):\n")
     print("| call | us |")
     print("|---|---:|")
     for name, v in res.get("alone", []):
         print(f"| `{name}` | {v * 1e6:.2f} |")
     print()
-    print(f"torch {torch.__version__}, {ranks} ranks, {os.cpu_count()} CPUs, fp32, {rounds} interleaved rounds; "
+    print(f"torch {torch.__version__}, {ranks} ranks, {os.cpu_count()} CPUs, {rounds} interleaved rounds; "
           "each cell the median over rounds (us), [min-max of the rounds]; per call: each round's median of the "
-          "slowest rank (a barrier before every call); loop: back to back, total / iterations, slowest rank\n")
-    ways = ["direct", "direct .default", "dist fastgather", "dist gloo"]
-    for op in ("all_reduce", "all_gather"):
-        print(f"\n{op}:\n")
+          "slowest rank (a barrier before every call); loop: back to back, total / iterations, slowest rank. "
+          f"DeepSpeed: {res.get('deepspeed')}\n")
+    for dt, op in [(dt, op) for dt in dtypes for op in ("all_reduce", "all_gather")]:
+        ways = ["direct", "direct .default", "dist fastgather", "dist gloo"] + (["deepspeed"] if op == "all_reduce" else [])
+        print(f"\n{op}, {dt}:\n")
         print("| per rank | C++ private | C++ heap | " + " | ".join(f"{w} (call)" for w in ways) + " | " +
-              " | ".join(f"{w} (loop)" for w in ways) + " | direct - C++ private (call) | dist - direct (call) | gloo / dist (call) |")
-        print("|---:|" + "---:|" * (2 + 2 * len(ways) + 3))
+              " | ".join(f"{w} (loop)" for w in ways) + " | direct - C++ private (call) | dist - direct (call) | gloo / dist (call) |" +
+              (" deepspeed / direct (call) | deepspeed / direct (loop) |" if op == "all_reduce" else ""))
+        print("|---:|" + "---:|" * (2 + 2 * len(ways) + 3 + (2 if op == "all_reduce" else 0)))
 
         def cell(key):
             v = res.get(key)
@@ -321,15 +355,21 @@ def print_direct(res, ranks, rounds):
         def med(key):
             v = res.get(key)
             return statistics.median(v) if v else None
+        def ratio(a, b):
+            return f"{a / b:.2f}x" if a and b else "-"
         for kb in DIRECT_KB:
             size = f"{kb} KB" if kb < 1024 else f"{kb / 1024:g} MB"
-            d, c, f, g = (med((op, "direct", "call", kb)), med((op, "C++ private", "call", kb)),
-                          med((op, "dist fastgather", "call", kb)), med((op, "dist gloo", "call", kb)))
-            print(f"| {size} | {cell((op, 'C++ private', 'call', kb))} | {cell((op, 'C++ symmetric', 'call', kb))} | " +
-                  " | ".join(cell((op, w, "call", kb)) for w in ways) + " | " +
-                  " | ".join(cell((op, w, "loop", kb)) for w in ways) + " | " +
-                  (f"{(d - c) * 1e6:+.1f}" if d and c else "-") + " | " + (f"{(f - d) * 1e6:+.1f}" if d and f else "-") +
-                  " | " + (f"{g / f:.1f}x" if g and f else "-") + " |")
+            d, c, f, g = (med((op, "direct", "call", kb, dt)), med((op, "C++ private", "call", kb, dt)),
+                          med((op, "dist fastgather", "call", kb, dt)), med((op, "dist gloo", "call", kb, dt)))
+            row = (f"| {size} | {cell((op, 'C++ private', 'call', kb, dt))} | {cell((op, 'C++ symmetric', 'call', kb, dt))} | " +
+                   " | ".join(cell((op, w, "call", kb, dt)) for w in ways) + " | " +
+                   " | ".join(cell((op, w, "loop", kb, dt)) for w in ways) + " | " +
+                   (f"{(d - c) * 1e6:+.1f}" if d and c else "-") + " | " + (f"{(f - d) * 1e6:+.1f}" if d and f else "-") +
+                   " | " + (f"{g / f:.1f}x" if g and f else "-") + " |")
+            if op == "all_reduce":
+                row += (f" {ratio(med((op, 'deepspeed', 'call', kb, dt)), d)} |"
+                        f" {ratio(med((op, 'deepspeed', 'loop', kb, dt)), med((op, 'direct', 'loop', kb, dt)))} |")
+            print(row)
 
 
 def fg_bench_medians(exe, world, port):
@@ -355,6 +395,7 @@ def main():
                     help="gather, scatter, all_to_all_single, reduce and a send/recv ping-pong instead, the backends interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="--exchanges: interleaved rounds")
     ap.add_argument("--ops", default=",".join(EXCHANGES), help="--exchanges: which of " + ",".join(EXCHANGES))
+    ap.add_argument("--dtypes", default="fp32", help="--direct: fp32, bf16 or both (fp32,bf16)")
     ap.add_argument("--direct", action="store_true",
                     help="all_reduce and all-gather through the direct operators, dist.* on fastgather and on gloo, and "
                          "fg-bench's C++ (with --fg-bench), 4 KB to 6 MB, interleaved rounds")
@@ -367,13 +408,17 @@ def main():
     q = ctx.Queue()
     backends = a.backends.split(",")
     if a.direct:
-        procs = [ctx.Process(target=rank_direct, args=(r, a.ranks, a.port, q, a.rounds, a.fg_bench)) for r in range(a.ranks)]
+        dtypes = a.dtypes.split(",")
+        if set(dtypes) - set(DTYPES):
+            ap.error(f"--dtypes: of {', '.join(DTYPES)}")
+        procs = [ctx.Process(target=rank_direct, args=(r, a.ranks, a.port, q, a.rounds, a.fg_bench, dtypes))
+                 for r in range(a.ranks)]
         for p in procs:
             p.start()
         res = q.get(timeout=3600)
         for p in procs:
             p.join()
-        print_direct(res, a.ranks, a.rounds)
+        print_direct(res, a.ranks, a.rounds, dtypes)
         return
     if a.exchanges:
         ops = a.ops.split(",")
