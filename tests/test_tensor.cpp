@@ -14,6 +14,7 @@
 #include "fastgather/ops.hpp"
 #include "fastgather/tensor.hpp"
 #include "ops/convert.hpp"
+#include "ops/sum.hpp"
 
 using namespace fastgather;
 
@@ -49,6 +50,49 @@ TEST(BFloat16, RoundsToNearestEven) {
     const float f = bf16_to_float(static_cast<uint16_t>(b));
     if (!std::isnan(f)) {
       ASSERT_EQ(float_to_bf16(f), b);
+    }
+  }
+}
+
+// The bf16 sum the reductions run (by hand with AVX-512BW where the CPU has
+// it) gives every bit the portable loop gives (a NaN for a NaN): random bits with NaNs,
+// infinities, denormals and ties to even among them, 2 to 5 sources, counts
+// with and without a tail of the 16-element steps, in place too.
+TEST(Sum, Bf16ByHandMatchesThePortableLoopBitForBit) {
+  if (!ops::sum_bf16_by_hand()) GTEST_SKIP() << "no AVX-512BW on this CPU: sum() runs the portable loop itself";
+  std::mt19937 rng(7);
+  const uint16_t special[] = {0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffff, 0x0001, 0x8001, 0x007f, 0x0000, 0x8000, 0x7f7f, 0x3f80};
+  for (int n = 2; n <= 5; ++n) {
+    for (size_t count : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{1000}, size_t{4099}}) {
+      std::vector<std::vector<uint16_t>> src(static_cast<size_t>(n), std::vector<uint16_t>(count));
+      for (auto& v : src) {
+        for (auto& x : v) {
+          const uint32_t r = rng();
+          // A quarter special values, the rest random bits near one exponent (sums that round).
+          x = (r & 3) == 0 ? special[(r >> 2) % std::size(special)] : static_cast<uint16_t>(0x3f00 | ((r >> 8) & 0xff) | ((r >> 16) & 0x8000));
+        }
+      }
+      std::vector<const std::byte*> ptrs;
+      for (auto& v : src) ptrs.push_back(reinterpret_cast<const std::byte*>(v.data()));
+      std::vector<uint16_t> by_hand(count), portable(count);
+      ops::sum(DType::kBF16, reinterpret_cast<std::byte*>(by_hand.data()), ptrs.data(), n, count * 2);
+      ops::sum_bf16_portable(portable.data(), ptrs.data(), n, count);
+      // A NaN is a NaN on both; its payload and sign are x86's choice of operand (the first of
+      // two NaNs), and the compiler may order a commutative add either way.
+      auto nan = [](uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; };
+      auto same = [&](const std::vector<uint16_t>& got, const char* how) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_TRUE(got[i] == portable[i] || (nan(got[i]) && nan(portable[i])))
+              << how << ", " << n << " sources, " << count << " elements: element " << i << ": " << got[i] << " against "
+              << portable[i];
+        }
+      };
+      same(by_hand, "by hand");
+      // In place: the result over the first source.
+      std::vector<uint16_t> first = src[0];
+      ptrs[0] = reinterpret_cast<const std::byte*>(first.data());
+      ops::sum(DType::kBF16, reinterpret_cast<std::byte*>(first.data()), ptrs.data(), n, count * 2);
+      same(first, "in place");
     }
   }
 }

@@ -8,6 +8,10 @@
 
 #include "ops/convert.hpp"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace fastgather::ops {
 namespace {
 
@@ -94,6 +98,62 @@ FG_VECTOR_CLONES void sum_bf16(uint16_t* dst, const std::byte* const* s, int n, 
     uint16_t* o = dst + at;
     for (size_t i = 0; i < m; ++i) o[i] = to_bf16(acc[i]);
   }
+}
+
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers start some intrinsics from an undefined register
+// (-Wmaybe-uninitialized), and a vector return under a target attribute
+// notes the ABI (-Wpsabi): neither is about this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wpsabi"
+// The bf16 sum 16 elements at a time with AVX-512 (F and BW), by hand: the
+// compiler's loop above widens and rounds at 256 bits, 3-5x slower per byte
+// than the fp32 sum here. The same arithmetic as from_bf16 / to_bf16 (fp32
+// additions in source order, then round to nearest even, NaN made quiet),
+// so every bit equals the portable loop's; the tail goes through it.
+__attribute__((target("avx512f,avx512bw"))) inline __m512 widen(const std::byte* p, size_t i) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(as<uint16_t>(p) + i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx512f,avx512bw"))) void sum_bf16_avx512(uint16_t* dst, const std::byte* const* s, int n,
+                                                                 size_t count) {
+  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    __m512 acc = _mm512_add_ps(widen(s[0], i), widen(s[1], i));
+    for (int j = 2; j < n; ++j) acc = _mm512_add_ps(acc, widen(s[j], i));
+    const __m512i x = _mm512_castps_si512(acc);
+    const __m512i high = _mm512_srli_epi32(x, 16);
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, half), _mm512_and_si512(high, one)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, magnitude), inf);
+    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
+  }
+  for (; i < count; ++i) {
+    float acc = from_bf16(as<uint16_t>(s[0])[i]) + from_bf16(as<uint16_t>(s[1])[i]);
+    for (int j = 2; j < n; ++j) acc += from_bf16(as<uint16_t>(s[j])[i]);
+    dst[i] = to_bf16(acc);
+  }
+}
+
+#pragma GCC diagnostic pop
+
+bool avx512bw_supported() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return yes;
+}
+#endif
+
+// The bf16 sum: by hand where the CPU has AVX-512BW, else the compiler's loop.
+void sum_bf16_best(uint16_t* dst, const std::byte* const* s, int n, size_t count, Divide<uint16_t> d) {
+#if defined(__x86_64__)
+  if (avx512bw_supported()) return sum_bf16_avx512(dst, s, n, count);
+#endif
+  sum_bf16(dst, s, n, count, d);
 }
 
 FG_VECTOR_CLONES void add_f32(float* acc, const float* s, size_t m) {
@@ -339,13 +399,29 @@ void sum(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_
   }
   switch (dtype) {
     case DType::kF32: return sum_as<float>(dst, srcs, n, bytes, sum_f32);
-    case DType::kBF16: return sum_as<uint16_t>(dst, srcs, n, bytes, sum_bf16);
+    case DType::kBF16: return sum_as<uint16_t>(dst, srcs, n, bytes, sum_bf16_best);
     case DType::kF16: return sum_as<uint16_t>(dst, srcs, n, bytes, sum_f16);
     case DType::kF64: return sum_as<double>(dst, srcs, n, bytes, sum_plain<double>);
     case DType::kI32: return sum_as<uint32_t>(dst, srcs, n, bytes, sum_plain<uint32_t>);
     case DType::kI64: return sum_as<uint64_t>(dst, srcs, n, bytes, sum_plain<uint64_t>);
     default: return;
   }
+}
+
+void sum_bf16_portable(uint16_t* dst, const std::byte* const* srcs, int n, size_t count) {
+  if (n == 1) {
+    if (reinterpret_cast<const std::byte*>(dst) != srcs[0]) std::memmove(dst, srcs[0], count * sizeof(uint16_t));
+    return;
+  }
+  sum_bf16(dst, srcs, n, count, Divide<uint16_t>{});
+}
+
+bool sum_bf16_by_hand() {
+#if defined(__x86_64__)
+  return avx512bw_supported();
+#else
+  return false;
+#endif
 }
 
 }  // namespace fastgather::ops

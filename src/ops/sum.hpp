@@ -1,11 +1,14 @@
 // The element-wise sums of the reductions: dst = srcs[0] + ... + srcs[n-1],
 // in that order, for every element. fp16 and bf16 are summed in fp32 and
 // rounded once (to nearest even); integers wrap. Vectorised with what the CPU
-// has (AVX-512, AVX2, else SSE2: chosen at run time); the order of the
-// additions, and so every bit of the result, is the same on each.
+// has (AVX-512, AVX2, else SSE2: chosen at run time; the bf16 sum by hand
+// with AVX-512BW); the order of the additions, and so every bit of the
+// result, is the same on each (a NaN stays a NaN; which operand's payload it
+// carries is the instruction's choice).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "fastgather/dtype.hpp"
 #include "fastgather/reduce_op.hpp"
@@ -16,6 +19,12 @@ namespace fastgather::ops {
 bool summable(DType dtype);
 // dst may be one of the sources; n >= 1; bytes a multiple of the element.
 void sum(DType dtype, std::byte* dst, const std::byte* const* srcs, int n, size_t bytes);
+
+// For tests: the bf16 sum by the compiler's loop alone (what sum() runs
+// where the CPU lacks AVX-512BW), and whether sum() runs the hand-written
+// AVX-512 loop on this CPU instead (same bits).
+void sum_bf16_portable(uint16_t* dst, const std::byte* const* srcs, int n, size_t count);
+bool sum_bf16_by_hand();
 
 // A sum in two parts (across servers: each server's partial sum, then the
 // sum of the partials), with the bits of one: fp16 and bf16 partials stay in
