@@ -661,6 +661,44 @@ TEST_P(AnySourceAcrossServers, EachMessageOnceItsSenderSaidOtherTagsLeft) {
 
 INSTANTIATE_TEST_SUITE_P(PointToPoint, AnySourceAcrossServers, ::testing::Values(2, 4));
 
+// A message of another tag that has already arrived from a member
+// elsewhere is passed over, however long the receive from any source looks
+// at it: the receive stays pending (and has taken nothing) until the
+// receive that names it has taken it, then takes the member's next message,
+// which has its tag.
+TEST(PointToPoint, AnySourceAcrossServersPassesOverAnotherTagAlreadyThere) {
+  fgtest::JobOptions o;
+  o.servers = 2;
+  o.token = "p2p-any-across-other-tag";
+  o.timeout = 20s;
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    std::vector<uint8_t> one(64, static_cast<uint8_t>(g.rank())), all(128);
+    if (g.rank() == 1) {
+      std::vector<uint8_t> other = message(1, 0, 64, 5), mine = message(1, 0, 3000, 11);
+      RANK_OK(send(g, view(other), 0, 5));
+      RANK_OK(send(g, view(mine), 0, 11));
+      // After its sends on the same endpoint: once rank 0 has this all-gather, both messages are there.
+      RANK_OK(all_gather(g, view(one), view(all)));
+      return "";
+    }
+    RANK_OK(all_gather(g, view(one), view(all)));
+    std::vector<uint8_t> in(3000, 0xEE), other(64, 0xEE);
+    int source = -7;
+    Request any = start_recv(g, view(in), kAnySource, 11, &source);
+    RANK_CHECK(!any.wait_for(std::chrono::microseconds(300000)), "the receive from any source with tag 11 completed "
+                                                                 "while rank 1's next message has tag 5: {}",
+               any.wait().to_string());
+    RANK_OK(recv(g, view(other), 1, 5));
+    RANK_CHECK(wrong(other, 1, 0, 5) < 0, "the message with tag 5");
+    RANK_OK(any.wait());
+    RANK_CHECK(source == 1 && wrong(in, 1, 0, 11) < 0, "the message with tag 11 (source {})", source);
+    return "";
+  }, o));
+}
+
 // Across servers, a receive from any source that nobody sends to ends in
 // the timeout, saying so, and the group goes on; one whose message has a
 // tag of the same 15-bit fold (1 and 32768) is no wrong byte: a Mismatch
