@@ -95,6 +95,14 @@ int free_port() {
   return ntohs(sa.sin_port);
 }
 
+JobOptions two_servers(std::string token, std::chrono::milliseconds timeout) {
+  JobOptions o;
+  o.servers = 2;
+  o.token = std::move(token);
+  o.timeout = timeout;
+  return o;
+}
+
 std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options) {
   // UCX's memory hooks (installed when libucm loads, in this process too)
   // hold a lock while another thread maps or unmaps memory; a rank forked at

@@ -41,6 +41,8 @@ int free_port();
 // counts the orphans below it too: "nothing left" of a job it started.
 bool reap_all_children(std::chrono::milliseconds within, std::chrono::milliseconds every);
 std::vector<RankResult> run_job(int world, const RankBody& body, const JobOptions& options = {});
+// A job over two (simulated) servers, with its own token and group timeout.
+JobOptions two_servers(std::string token, std::chrono::milliseconds timeout);
 // Fails the current test with every rank's error unless all succeeded.
 void expect_all_ok(const std::vector<RankResult>& results);
 

@@ -260,20 +260,11 @@ TEST(Exchanges, AllToAllBySingleCopyReadsOnlyEachSplit) {
   }
 }
 
-// A job over two (simulated) servers, with its own token and group timeout.
-fgtest::JobOptions two_servers(const char* token, int timeout_ms) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = token;
-  o.timeout = std::chrono::milliseconds(timeout_ms);
-  return o;
-}
-
 // Two servers of two ranks (the hierarchical all-gather past 64 KiB) and
 // two of one rank each.
 TEST(Exchanges, AcrossServersEveryByte) {
   for (int world : {4, 2}) {
-    const fgtest::JobOptions o = two_servers("exchanges-across-servers", 20000);
+    const fgtest::JobOptions o = fgtest::two_servers("exchanges-across-servers", std::chrono::milliseconds(20000));
     fgtest::expect_all_ok(fgtest::run_job(world, [](const Config& c) {
       return every_exchange(c, {0, 33, 70001}, false);
     }, o));
@@ -350,7 +341,7 @@ std::string only_parts_on_the_wire(const Config& c) {
 
 TEST(Exchanges, AcrossServersEachMemberIsSentOnlyItsPart) {
   for (int world : {4, 2}) {
-    const fgtest::JobOptions o = two_servers("exchanges-parts", 20000);
+    const fgtest::JobOptions o = fgtest::two_servers("exchanges-parts", std::chrono::milliseconds(20000));
     fgtest::expect_all_ok(fgtest::run_job(world, only_parts_on_the_wire, o));
   }
 }
@@ -397,7 +388,7 @@ TEST(Exchanges, DisagreementsAreFoundOnEveryMemberAndTheGroupGoesOn) {
 // others say rank 0 or rank 1.
 TEST(Exchanges, AcrossServersAScatterWhoseRootsDisagreeFailsEveryMember) {
   for (int other_root : {0, 1}) {
-    const fgtest::JobOptions o = two_servers("exchanges-roots", 5000);
+    const fgtest::JobOptions o = fgtest::two_servers("exchanges-roots", std::chrono::milliseconds(5000));
     fgtest::expect_all_ok(fgtest::run_job(4, [&](const Config& c) -> std::string {
       auto comm = Communicator::create(c);
       RANK_OK(comm.status());

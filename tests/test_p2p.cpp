@@ -393,10 +393,7 @@ TEST(PointToPoint, BadArgumentsAreRefused) {
 // this test catches the missing flush most runs, not every run; the flush's
 // mechanism has deterministic tests below.)
 TEST(PointToPoint, AMemberThatLeavesTheLibraryAfterACallDoesNotHoldItsPeer) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-leaves";
-  o.timeout = 30s;
+  const fgtest::JobOptions o = fgtest::two_servers("p2p-leaves", 30s);
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     ::setenv("UCX_RNDV_THRESH", "8k", 1);  // as on real hosts (simulated servers are given "inf")
     auto comm = Communicator::create(c);
@@ -443,13 +440,7 @@ TEST(PointToPoint, AMemberThatLeavesTheLibraryAfterACallDoesNotHoldItsPeer) {
 // the rank's NetChannel by hand with calls no call of the library's comes
 // near (`kRawCall`).
 constexpr uint32_t kRawCall = 0xffff0;
-fgtest::JobOptions rendezvous_job(const char* token) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = token;
-  o.timeout = 20s;
-  return o;
-}
+fgtest::JobOptions rendezvous_job(const char* token) { return fgtest::two_servers(token, 20s); }
 // Runs body(group, its NetChannel, group rank) on a rank of a
 // rendezvous_job (rendezvous forced), then a barrier; body's "" is success.
 template <class Body>
@@ -553,10 +544,7 @@ TEST(PointToPoint, AFlushWaitsForTheSendsBeforeItNotForLaterOnes) {
 class RingAcrossServers : public ::testing::TestWithParam<int> {};
 
 TEST_P(RingAcrossServers, EveryByteBothWaitingOrders) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-across";
-  o.timeout = 20s;
+  const fgtest::JobOptions o = fgtest::two_servers("p2p-across", 20s);
   fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
@@ -605,10 +593,7 @@ INSTANTIATE_TEST_SUITE_P(PointToPoint, RingAcrossServers, ::testing::Values(2, 4
 class AnySourceAcrossServers : public ::testing::TestWithParam<int> {};
 
 TEST_P(AnySourceAcrossServers, EachMessageOnceItsSenderSaidOtherTagsLeft) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-any-across";
-  o.timeout = 20s;
+  const fgtest::JobOptions o = fgtest::two_servers("p2p-any-across", 20s);
   fgtest::expect_all_ok(fgtest::run_job(GetParam(), [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
@@ -667,10 +652,7 @@ INSTANTIATE_TEST_SUITE_P(PointToPoint, AnySourceAcrossServers, ::testing::Values
 // receive that names it has taken it, then takes the member's next message,
 // which has its tag.
 TEST(PointToPoint, AnySourceAcrossServersPassesOverAnotherTagAlreadyThere) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-any-across-other-tag";
-  o.timeout = 20s;
+  const fgtest::JobOptions o = fgtest::two_servers("p2p-any-across-other-tag", 20s);
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
@@ -705,10 +687,7 @@ TEST(PointToPoint, AnySourceAcrossServersPassesOverAnotherTagAlreadyThere) {
 // naming both tags (the group then fails, as after any mismatch between
 // servers).
 TEST(PointToPoint, AnySourceAcrossServersTimesOutOrFindsTheTagWrong) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-any-across-timeout";
-  o.timeout = 1500ms;
+  const fgtest::JobOptions o = fgtest::two_servers("p2p-any-across-timeout", 1500ms);
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
@@ -739,10 +718,7 @@ TEST(PointToPoint, AnySourceAcrossServersTimesOutOrFindsTheTagWrong) {
 // drive the group's one UCX worker at once (NetChannel serializes them);
 // every byte of both checked.
 TEST(PointToPoint, MessagesInTheBackgroundBesideCollectivesAcrossServers) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-across-background";
-  o.timeout = 20s;
+  const fgtest::JobOptions o = fgtest::two_servers("p2p-across-background", 20s);
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());
@@ -771,10 +747,7 @@ TEST(PointToPoint, MessagesInTheBackgroundBesideCollectivesAcrossServers) {
 // naming both sizes; the group is failed (as after any error between
 // servers), and the sender's next call there fails too rather than hang.
 TEST(PointToPoint, ALengthThatDisagreesBetweenServersFailsTheGroup) {
-  fgtest::JobOptions o;
-  o.servers = 2;
-  o.token = "p2p-across-mismatch";
-  o.timeout = 5s;
+  const fgtest::JobOptions o = fgtest::two_servers("p2p-across-mismatch", 5s);
   fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
     auto comm = Communicator::create(c);
     RANK_OK(comm.status());

@@ -111,7 +111,8 @@ FG_VECTOR_CLONES void sum_bf16(uint16_t* dst, const std::byte* const* s, int n, 
 // compiler's loop above widens and rounds at 256 bits, 3-5x slower per byte
 // than the fp32 sum here. The same arithmetic as from_bf16 / to_bf16 (fp32
 // additions in source order, then round to nearest even, NaN made quiet),
-// so every bit equals the portable loop's; the tail goes through it.
+// so every bit equals the portable loop's; the tail element by element
+// through those two.
 __attribute__((target("avx512f,avx512bw"))) inline __m512 widen(const std::byte* p, size_t i) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(as<uint16_t>(p) + i));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

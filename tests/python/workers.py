@@ -714,6 +714,22 @@ def world_backend(rank, world):
     dist.barrier()
 
 
+def any_source_from_everyone(rank, world, group, numel, tag, salt):
+    """Rank 0 receives from any source (src=None) one message of numel fp32 from every other rank:
+    each said to come from its sender, its bytes that sender's, every sender once."""
+    if rank == 0:
+        seen = set()
+        for _ in range(world - 1):
+            t = torch.full((numel,), -1.0)  # never a pattern's value (0..119)
+            src = dist.recv(t, group=group, tag=tag)
+            check(same_bytes(t, pattern(src, torch.float32, (numel,), salt=salt)),
+                  f"any source: the message said to be from {src}")
+            seen.add(src)
+        check(seen == set(range(1, world)), f"any source: sources {sorted(seen)}")
+    else:
+        dist.send(pattern(rank, torch.float32, (numel,), salt=salt), dst=0, group=group, tag=tag)
+
+
 def across_hosts(rank, world):
     """Ranks on different hosts (network namespaces): UCX between them, every byte right, for every
     op the backend serves across hosts (a receive from any source among them)."""
@@ -780,17 +796,8 @@ def across_hosts(rank, world):
             w.wait()
         check(same_bytes(got, pattern(prev, torch.float32, shape, salt=5)), f"send/recv {shape} from rank {prev}")
     # A receive from any source (src=None): rank 0 takes one message from each other rank, on its
-    # host and on the other, each said to come from its sender.
-    if rank == 0:
-        seen = set()
-        for _ in range(world - 1):
-            t = torch.empty(70000)
-            src = dist.recv(t, group=fg, tag=4)
-            check(same_bytes(t, pattern(src, torch.float32, (70000,), salt=6)), f"any source: the message said to be from {src}")
-            seen.add(src)
-        check(seen == set(range(1, world)), f"any source: sources {sorted(seen)}")
-    else:
-        dist.send(pattern(rank, torch.float32, (70000,), salt=6), dst=0, group=fg, tag=4)
+    # host and on the other.
+    any_source_from_everyone(rank, world, fg, 70000, tag=4, salt=6)
     print(f"rank {rank}: {fastgather.transport(fg)}", file=sys.stderr)
 
 def world_backend_env(rank, world):
@@ -1251,16 +1258,7 @@ def point_to_point(rank, world):
         w.wait()
     check(torch.equal(got, pattern(prev, torch.float32, (48, 64), salt=7)), "batch_isend_irecv into a transposed view")
     # Any source: rank 0 receives one message from every other rank.
-    if rank == 0:
-        seen = set()
-        for _ in range(world - 1):
-            t = torch.zeros(1000)
-            src = dist.recv(t, group=fg, tag=2)
-            check(torch.equal(t, pattern(src, torch.float32, (1000,), salt=2)), f"the message said to be from {src}")
-            seen.add(src)
-        check(seen == set(range(1, world)), f"sources {sorted(seen)}")
-    else:
-        dist.send(pattern(rank, torch.float32, (1000,), salt=2), dst=0, group=fg, tag=2)
+    any_source_from_everyone(rank, world, fg, 1000, tag=2, salt=2)
     # Objects.
     if rank == 0:
         dist.send_object_list([{"from": 0, "data": list(range(300))}, "x" * 70000], dst=1, group=fg)
