@@ -19,6 +19,7 @@
 
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
+#include "transport/wait_policy.hpp"
 
 using namespace fastgather;
 using fgtest::check_pattern;
@@ -193,11 +194,35 @@ TEST(SingleCopyFallback, RefusedOnOneRankTheWholeGroupUsesTheRing) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, c.rank == 1); }));
 }
 
-// Memory of 4 KiB pages (a std::vector, as PyTorch 1.13's tensors): the
-// ring, decided by all from every owner's offer; FG_SINGLE_COPY=always reads
-// it by single copy anyway; one rank's plain memory sends all to the ring.
+// While the test runs, the host counts as crowded (or not) whatever it is:
+// a crowded host makes owners offer ordinary memory (below).
+struct PretendCrowd {
+  explicit PretendCrowd(bool crowded) { transport::pretend_host_oversubscribed(crowded ? 1 : 0); }
+  ~PretendCrowd() { transport::pretend_host_oversubscribed(-1); }
+};
+
+// Memory of 4 KiB pages (a std::vector, as PyTorch's tensors): on a quiet
+// host the ring, decided by all from every owner's offer; FG_SINGLE_COPY=always
+// reads it by single copy anyway; one rank's plain memory sends all to the ring.
 TEST(SingleCopyPages, PlainMemoryGoesThroughTheRing) {
+  PretendCrowd quiet(false);
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return world_gathers(c, false, Input::kPlain); }));
+}
+
+// On a crowded host (more tasks runnable than cores beyond the job's ranks)
+// each ring step waits a time slice for every member: owners offer ordinary
+// memory for single copy too, up to 2 MiB a block; larger blocks take the ring.
+TEST(SingleCopyPages, OnACrowdedHostPlainMemoryUpTo2MiBBySingleCopy) {
+  PretendCrowd crowded(true);
+  fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    if (auto e = gather_all_sizes(g, true, Input::kPlain, {kMin - 1, kMin, kMin + 1, size_t{2} << 20}); !e.empty()) {
+      return e;
+    }
+    return gather_all_sizes(g, false, Input::kPlain, {(size_t{2} << 20) + 1, (size_t{3} << 20) + 5});
+  }));
 }
 
 TEST(SingleCopyPages, AlwaysReadsPlainMemoryBySingleCopy) {
@@ -206,6 +231,7 @@ TEST(SingleCopyPages, AlwaysReadsPlainMemoryBySingleCopy) {
 }
 
 TEST(SingleCopyPages, OneRanksPlainMemorySendsEveryoneToTheRing) {
+  PretendCrowd quiet(false);
   fgtest::expect_all_ok(fgtest::run_job(
       3, [](const Config& c) { return world_gathers(c, false, c.rank == 1 ? Input::kPlain : Input::kTensor); }));
 }

@@ -143,8 +143,8 @@ c10::intrusive_ptr<FastgatherWork> ProcessGroupFastgather::make_work(c10d::OpTyp
                                              type, std::move(result));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::submit(const c10::intrusive_ptr<FastgatherWork>& work) {
-  work->submitted();
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::submit(const c10::intrusive_ptr<FastgatherWork>& work, bool async_op) {
+  work->submitted(async_op);
   seq_.fetch_add(1, std::memory_order_relaxed);
   return work;
 }
@@ -164,18 +164,18 @@ void ProcessGroupFastgather::abort() {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
-                                                                 const c10d::AllgatherOptions& /*opts*/) {
+                                                                 const c10d::AllgatherOptions& opts) {
   TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
                     "fastgather: all_gather takes one input and one output list, got ", inputs.size(), " and ",
                     outputs.size());
   auto work = make_work(c10d::OpType::ALLGATHER, outputs[0]);
   add_list_gather(*work, "all_gather", outputs[0], inputs[0]);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+    const c10d::AllgatherOptions& opts) {
   // output_lists[r][i] receives group rank r's inputs[i].
   constexpr const char* kOp = "all_gather_coalesced";
   TORCH_CHECK_VALUE(static_cast<int>(output_lists.size()) == size_, "fastgather: ", kOp, " needs ", size_,
@@ -193,18 +193,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather_coalesced(
   for (size_t i = 0; i < inputs.size(); ++i) check_list_gather(kOp, per_input[i], inputs[i]);
   auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, flat);
   for (size_t i = 0; i < inputs.size(); ++i) add_list_gather(*work, kOp, per_input[i], inputs[i]);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                       const c10d::AllgatherOptions& /*opts*/) {
+                                                                       const c10d::AllgatherOptions& opts) {
   auto work = make_work(c10d::OpType::_ALLGATHER_BASE, {output});
   add_tensor_gather(*work, "all_gather_into_tensor", output, input);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& /*opts*/) {
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "fastgather: all_gather_into_tensor_coalesced: ", inputs.size(),
                     " inputs but ", outputs.size(), " outputs");
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -214,7 +214,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allgather_into_tensor_coa
   for (size_t i = 0; i < inputs.size(); ++i) {
     add_tensor_gather(*work, "all_gather_into_tensor_coalesced", outputs[i], inputs[i]);
   }
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // The root's tensor is written once and read by the others (fg::broadcast).
@@ -231,13 +231,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::broadcast(std::vector<at:
   work->flight().keep.push_back(buf);
   start(*work, group(),
         [&](fg::Group& g) { return fg::start_broadcast(g, view_of(buf), static_cast<int>(opts.rootRank)); });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::barrier(const c10d::BarrierOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::barrier(const c10d::BarrierOptions& opts) {
   auto work = make_work(c10d::OpType::BARRIER, {});
   start(*work, group(), [](fg::Group& g) { return fg::start_barrier(g); });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 #define FG_UNSUPPORTED(op, name, ...)                                                                        \

@@ -97,7 +97,10 @@ class ProcessGroupFastgather : public c10d::Backend {
  private:
   fg::Communicator& live() const;
   c10::intrusive_ptr<FastgatherWork> make_work(c10d::OpType type, std::vector<at::Tensor> result);
-  c10::intrusive_ptr<c10d::Work> submit(const c10::intrusive_ptr<FastgatherWork>& work);
+  // Every request started. async_op=False (torch waits on the Work at once):
+  // the caller's wait drives it, nothing is handed over; else the library's
+  // progress thread drives what the caller leaves.
+  c10::intrusive_ptr<c10d::Work> submit(const c10::intrusive_ptr<FastgatherWork>& work, bool async_op);
 
   void check_tensor_gather(const char* op, const at::Tensor& output, const at::Tensor& input) const;
   void add_tensor_gather(FastgatherWork& work, const char* op, const at::Tensor& output, const at::Tensor& input);

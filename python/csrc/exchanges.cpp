@@ -139,7 +139,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::gather(std::vector<std::v
   start(*work, group(), [&](fg::Group& g) {
     return fg::start_gather(g, view_of(in), std::span<const fg::TensorView>(views), root);
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // Each rank gets its tensor of the root's list (fg::scatter).
@@ -167,7 +167,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::scatter(std::vector<at::T
   start(*work, group(), [&](fg::Group& g) {
     return fg::start_scatter(g, std::span<const fg::TensorView>(views), view_of(out), root);
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // all_to_all_single: rows of input to every rank by input_splits (none:
@@ -175,7 +175,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::scatter(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                      std::vector<int64_t>& output_splits,
                                                                      std::vector<int64_t>& input_splits,
-                                                                     const c10d::AllToAllOptions& /*opts*/) {
+                                                                     const c10d::AllToAllOptions& opts) {
   constexpr const char* kOp = "all_to_all_single";
   check_tensor(input, kOp, "the input");
   check_tensor(output, kOp, "the output");
@@ -195,13 +195,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::alltoall_base(at::Tensor&
   work->flight().keep.push_back(in);
   const at::Tensor out = output_buffer(*work, output);
   start(*work, group(), [&](fg::Group& g) { return fg::start_all_to_all(g, view_of(in), view_of(out), send, recv); });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // all_to_all of lists: inputs[j] to rank j, outputs[m] from rank m, of any sizes.
 c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::alltoall(std::vector<at::Tensor>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
-                                                                const c10d::AllToAllOptions& /*opts*/) {
+                                                                const c10d::AllToAllOptions& opts) {
   constexpr const char* kOp = "all_to_all";
   TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
                     "fastgather: ", kOp, " needs ", size_, " inputs and outputs (one per rank of the group), got ",
@@ -234,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::alltoall(std::vector<at::
     offset += o.numel();
   }
   start(*work, group(), [&](fg::Group& g) { return fg::start_all_to_all(g, view_of(in), view_of(all), send, recv); });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 }  // namespace fastgather_torch

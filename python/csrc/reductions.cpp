@@ -72,7 +72,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce(std::vector<at:
   auto work = make_work(c10d::OpType::ALLREDUCE, tensors);
   const at::Tensor buf = reduce_buffer(*work, t, opts.reduceOp);
   start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf), {.op = red}); });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // A sparse COO tensor, summed as gloo sums one: every rank's coalesced
@@ -125,7 +125,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce_sparse(at::Tens
     }
     t.copy_(at::sparse_coo_tensor(at::cat(parts, 1), val_all, t.sizes()).coalesce());
   };
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // One library request per tensor under one Work (torch's coalescing
@@ -140,7 +140,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::allreduce_coalesced(std::
     const at::Tensor buf = reduce_buffer(*work, t, opts.reduceOp);
     start(*work, group(), [&](fg::Group& g) { return fg::start_all_reduce(g, view_of(buf), view_of(buf), {.op = red}); });
   }
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // DTensor's Partial -> Shard and sequence parallelism reach reduce_scatter_tensor this way.
@@ -155,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter_tensor_coa
   for (size_t i = 0; i < inputs.size(); ++i) {
     add_reduce_scatter(*work, outputs[i], premultiplied(inputs[i], opts.reduceOp).contiguous(), red);
   }
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 fg::ReduceOp ProcessGroupFastgather::check_reduce_scatter(const char* op, const at::Tensor& output,
@@ -175,7 +175,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::_reduce_scatter_base(at::
   const fg::ReduceOp red = check_reduce_scatter("reduce_scatter_tensor", output, input, opts.reduceOp);
   auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
   add_reduce_scatter(*work, output, premultiplied(input, opts.reduceOp).contiguous(), red);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // outputs[0] = the sum over ranks of their inputs[0][group rank].
@@ -199,7 +199,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce_scatter(std::vecto
   }
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, outputs);
   add_reduce_scatter(*work, output, at::cat(flat), red);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // input: contiguous, group.size() chunks of output's size.
@@ -227,7 +227,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFastgather::reduce(std::vector<at::Te
   if (!buf.is_same(t) && root == rank_) chain_copy(*work, t, buf);
   work->flight().keep.push_back(buf);
   start(*work, group(), [&](fg::Group& g) { return fg::start_reduce(g, view_of(buf), root, {.op = red}); });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 }  // namespace fastgather_torch

@@ -42,11 +42,11 @@ int FastgatherWork::sourceRank() const {
   return flight_->source;
 }
 
-void FastgatherWork::submitted() {
+void FastgatherWork::submitted(bool in_background) {
   std::lock_guard<std::mutex> lock(flight_->mu);
   if (flight_->requests.empty()) {
     flight_->settle();
-  } else {
+  } else if (in_background) {
     flight_->requests.back().drive_in_background();
   }
 }

@@ -52,8 +52,12 @@ class FastgatherWork : public c10d::Work {
   void abort() override;
 
   Flight& flight() { return *flight_; }
-  // Every request started: hands the last one to the library's progress thread.
-  void submitted();
+  // Every request started. In the background (async_op=True, send, recv): the
+  // last one is handed to the library's progress thread, which drives it
+  // while the caller's thread is elsewhere. Else (a blocking call: torch
+  // waits on the Work at once) nothing is handed over: the wait drives it on
+  // the caller's thread, and a Work dropped unwaited goes to the library then.
+  void submitted(bool in_background = true);
 
  private:
   // Settles (if nobody has) and tells waiters and the future.

@@ -129,7 +129,7 @@ namespace {
 // What an owner posts inline in the first step of single copy.
 struct Offer {
   uint64_t addr;     // its input: in its address space, or (in_heap) in its heap region
-  uint8_t readable;  // 1: worth reading by single copy (heap, huge pages, or FG_SINGLE_COPY=always)
+  uint8_t readable;  // 1: worth reading by single copy (heap, huge pages, a crowded host, or FG_SINGLE_COPY=always)
   uint8_t in_heap;   // 1: read it in the heap, with memcpy; 0: with process_vm_readv
 };
 // Single copy runs only where members read each other's memory (the
@@ -141,9 +141,13 @@ static_assert(sizeof(Offer) <= 32);
 // headers and places the own block), and waits for everyone's post first
 // (so that on a mismatch nobody reads a block whose owner is already
 // leaving). If any owner's memory is not (4 KiB pages: slower than the
-// ring, measured), everyone says *fell_back and the caller runs
-// copy-in/copy-out from here - the same decision on every member, from the
-// same posts. Otherwise each member reads each peer's block straight into
+// ring on a quiet host, measured), everyone says *fell_back and the caller
+// runs copy-in/copy-out from here - the same decision on every member, from
+// the same posts. On a crowded host (more tasks runnable than cores, beyond
+// the job's ranks: Channel::crowded) an owner offers ordinary
+// memory too, up to kCrowdedSingleCopyMaxBytes: each step of the ring waits
+// for every member to be scheduled, and there a wait costs a time slice;
+// single copy has two steps however large the block. Otherwise each member reads each peer's block straight into
 // its landing place, handing it to the sink piece by piece, and takes a
 // second step: "done reading". An owner leaves only once every peer has
 // posted that, so its input stays valid as long as anyone reads it.
@@ -157,10 +161,12 @@ engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink)
   const std::optional<uint64_t> at_heap = ch.heap() != nullptr ? ch.heap()->own_offset(call.input, mine) : std::nullopt;
   offer.addr = at_heap ? *at_heap : reinterpret_cast<uint64_t>(call.input);
   offer.in_heap = at_heap ? 1 : 0;
-  offer.readable =
-      at_heap || base::worth_reading_by_peers(call.input, mine, call.settings->single_copy == Settings::SingleCopy::kAlways)
-          ? 1
-          : 0;
+  bool readable =
+      at_heap || base::worth_reading_by_peers(call.input, mine, call.settings->single_copy == Settings::SingleCopy::kAlways);
+  if (!readable && call.settings->single_copy == Settings::SingleCopy::kAuto && mine <= kCrowdedSingleCopyMaxBytes) {
+    readable = ch.crowded();
+  }
+  offer.readable = readable ? 1 : 0;
   bool all_readable = offer.readable != 0;
   auto own = [&] {
     if (mine != 0) sink(me, 0, call.input, mine);

@@ -12,6 +12,7 @@ std::vector<Threshold> thresholds() {
       {"FG_SINGLE_COPY_MIN_BYTES", d.single_copy_min_bytes,
        "a one-shot all-gather on one server reads peers' inputs by single copy (where they lie in huge pages or the heap)",
        "benchmarks.md: Later the same day: huge pages and single copy from 1 MiB"},
+      kCrowdedSingleCopy,
       {"FG_PIPELINE_BYTES", 0, "the ring's step: a quarter of this CPU's L2 (unset)",
        "benchmarks.md: Pipelining the ring (issue 12, 2026-12-03)"},
       {"FG_STREAM_OUT_BYTES", 0,
@@ -26,7 +27,7 @@ std::vector<Threshold> thresholds() {
       {"FG_HIER_MIN_BYTES", d.hier_min_bytes, "an all-gather across servers runs hierarchical instead of direct",
        "multinode.md: Measured here (loopback)"},
       {"FG_NET_PIECE_BYTES", d.net_piece_bytes, "the largest UCX message between servers",
-       "not measured: a round size, at which the tag's 16 piece bits number 64 GiB of one block"},
+       "not measured: a round size, at which a collective's 32766 piece numbers cover 32 GiB of one block (larger blocks take larger pieces)"},
       kSumWhole,
   };
 }

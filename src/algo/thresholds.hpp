@@ -72,12 +72,25 @@ inline constexpr Threshold kSumWhole{
     "up to this size an all_reduce across servers is summed whole within each server and exchanged whole",
     "benchmarks.md: Sums across servers: hierarchical (issue 23, 2026-12-05)"};
 
+// On a crowded host (Channel::crowded) an owner offers its
+// block for single copy up to this size per member even where it lies in
+// 4 KiB pages: each ring step waits for every member to be scheduled, which
+// costs a time slice there, and single copy takes two steps. Beyond it the
+// kernel's pinning of 4 KiB pages costs more than the steps it saves (6 MB:
+// level or slower than the ring under 2 busy processes).
+inline constexpr Threshold kCrowdedSingleCopy{
+    "kCrowdedSingleCopyMaxBytes", 2 << 20,
+    "on a crowded host a one-shot all-gather on one server reads ordinary (4 KiB-page) inputs by single copy up to "
+    "this size",
+    "benchmarks.md: Blocking calls on the caller's thread, single copy on a crowded host (issue 38, 2026-12-07, night)"};
+
 inline constexpr size_t kInPlaceMinBytes = kInPlace.bytes;
 inline constexpr size_t kInPlaceMinBytesAllReduceOutnumbered = kInPlaceAllReduceOutnumbered.bytes;
 inline constexpr size_t kTwoShotMinBytes = kTwoShot.bytes;
 inline constexpr size_t kTwoShotMinBytesOutnumbered = kTwoShotOutnumbered.bytes;
 inline constexpr size_t kTwoShotMinBytesTwoMembers = kTwoShotTwoMembers.bytes;
 inline constexpr size_t kSumWholeMaxBytes = kSumWhole.bytes;
+inline constexpr size_t kCrowdedSingleCopyMaxBytes = kCrowdedSingleCopy.bytes;
 
 // The constants above and the defaults of the settings that size how a call
 // runs (FG_SINGLE_COPY_MIN_BYTES, FG_HIER_MIN_BYTES, FG_NET_PIECE_BYTES,

@@ -35,7 +35,7 @@ constexpr EnvVar kTable[] = {
      "output bytes per call from which blocks are copied out with streaming stores"},
     {"FG_COPY_IN", K::kWord, 0, 0, "cached|streaming", "learned per size", "how bytes are stored into the ring"},
     {"FG_SINGLE_COPY", K::kWord, 0, 0, "auto|off|always",
-     "auto: where every member can read every other, for huge-page memory",
+     "auto: where every member can read every other, for huge-page memory (and 4 KiB pages up to 2 MiB on a crowded host)",
      "large messages read straight from the peer's memory (CMA); always: also 4 KiB-page memory; off: the ring"},
     {"FG_SINGLE_COPY_MIN_BYTES", K::kCount, 1, uint64_t{1} << 40, "", "1048576",
      "bytes per member from which single copy is used"},

@@ -11,6 +11,7 @@
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -330,6 +331,7 @@ void TcpStoreServer::drain(Clock::time_point deadline, int joined) {
 }
 
 void TcpStoreServer::loop() {
+  pthread_setname_np(pthread_self(), "fg-store");
   State& st = *state_;
   auto drop = [&](int fd) {
     auto it = st.clients.find(fd);

@@ -681,6 +681,7 @@ class GroupBuilder {
     }
     impl->shape = algo::GroupShape::of(*impl->channel, algo::Topology::of(server_of_member_, me_),
                                        transport::ranks_outnumber_cores(impl->policy.own_on_host));
+    impl->channel->set_own_on_host(impl->policy.own_on_host);
     return Status::Ok();
   }
 

@@ -1,5 +1,7 @@
 #include "engine/progress.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -39,6 +41,7 @@ void run_guarded(std::function<void()>& fn) {
 }
 
 void completion_thread(std::shared_ptr<Completions::State> st) {
+  pthread_setname_np(pthread_self(), "fg-complete");  // as top -H, gdb and /proc/PID/task/*/comm show it
   tls_completion_state = st.get();
   std::unique_lock<std::mutex> lk(st->mu);
   for (;;) {
@@ -167,6 +170,7 @@ struct Progress::State {
 };
 
 void Progress::State::loop() {
+  pthread_setname_np(pthread_self(), "fg-progress");
   std::unique_lock<std::mutex> lk(mu);
   // How long an owner is left with its request: kGrace, doubled up to
   // kMaxGrace each time the thread looks and finds the owners keeping up

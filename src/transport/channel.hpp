@@ -133,6 +133,11 @@ class Channel {
   // With capabilities().reads_peer_memory: copies len bytes at `remote` in
   // member's memory to dst.
   virtual Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len);
+  // Whether more tasks want this host's cores than it has, beyond the job's
+  // own ranks (host_oversubscribed, sampled at most every 10 ms): there every
+  // step a schedule waits for costs a time slice, so saving steps pays more
+  // than it costs elsewhere (single copy of ordinary memory: allgather.cpp).
+  virtual bool crowded() const { return false; }
 };
 
 }  // namespace fastgather::transport

@@ -35,6 +35,7 @@
 #include "transport/channel.hpp"
 #include "transport/shm_heap.hpp"
 #include "transport/shm_segment.hpp"
+#include "transport/wait_policy.hpp"
 
 namespace fastgather::transport {
 
@@ -146,6 +147,9 @@ class ShmChannel final : public Channel {
   // Sleeps until member publishes its verdict, at most `slice`.
   void sleep_for_verdict(int member, std::chrono::nanoseconds slice);
   void set_single_copy(bool all) { single_copy_ = all; }
+  // The job's ranks on this host (the communicator's count): no crowd.
+  void set_own_on_host(int ranks) { own_on_host_ = ranks; }
+  bool crowded() const override { return host_oversubscribed(own_on_host_); }
   bool single_copy() const { return single_copy_; }
   // Copies len bytes at `remote` in member's memory to dst.
   Status read_peer(int member, std::byte* dst, uint64_t remote, size_t len) override;
@@ -213,6 +217,7 @@ class ShmChannel final : public Channel {
   std::vector<int> pids_;
   Status broken_;
   bool single_copy_ = false;
+  int own_on_host_ = 0;  // set_own_on_host
   uint64_t probe_word_ = 0;
   std::atomic<uint64_t> bytes_read_{0};
 };

@@ -44,6 +44,9 @@ struct WaitPolicy {
 // count among the runnable (a waiter that spins or yields is one): where
 // they alone outnumber the cores, only tasks beyond them make a crowd.
 bool host_oversubscribed(int own_on_host = 0);
+// Tests: what host_oversubscribed answers from now on, whatever /proc/stat
+// says (-1: /proc/stat again).
+void pretend_host_oversubscribed(int answer);
 // The rule it applies to a count of runnable tasks.
 bool oversubscribed(int running, int cores, int own_on_host);
 // Whether `ranks` processes are more than this host's cores (online, as

@@ -129,6 +129,11 @@ def test_async_work_moves_while_python_computes():
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_blocking_calls_run_on_the_callers_thread(world):
+    run_ranks(world, "blocking_on_the_callers_thread")
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_future_callbacks_that_run_collectives_finish(world):
     run_ranks(world, "future_callbacks", timeout=90)
 

@@ -866,6 +866,60 @@ def async_overlap(rank, world):
     dist.barrier(group=fg)
 
 
+def thread_names():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return names
+
+
+def blocking_on_the_callers_thread(rank, world):
+    """async_op=False (torch waits on the Work at once): the call runs on the caller's thread, nothing
+    is handed to the library's progress thread ("fg-progress"), which therefore never starts; the
+    first async_op=True call starts it (which shows the name is what to look for)."""
+    fg = dist.new_group(list(range(world)), backend="fastgather")
+    for numel in [1536, 307200]:  # one-shot, and a ring of several steps (each divisible by 2 and 3)
+        x = pattern(rank, torch.float32, (numel,))
+        every = [pattern(r, torch.float32, (numel,)) for r in range(world)]
+        for _ in range(20):
+            y = x.clone()
+            dist.all_reduce(y, group=fg)
+            check(same_bytes(y, summed(every, torch.float32)), f"all_reduce of {numel}")
+            flat = torch.empty(world * numel)
+            dist.all_gather_into_tensor(flat, x, group=fg)
+            check(same_bytes(flat, torch.cat(every)), f"all_gather_into_tensor of {numel}")
+            outs = [torch.empty(numel) for _ in range(world)]
+            dist.all_gather(outs, x, group=fg)
+            check(all(same_bytes(o, e) for o, e in zip(outs, every)), f"all_gather of {numel}")
+            part = torch.empty(numel // world)
+            dist.reduce_scatter_tensor(part, x, group=fg)
+            mine = summed([e.view(world, -1)[rank] for e in every], torch.float32)
+            check(same_bytes(part, mine), f"reduce_scatter_tensor of {numel}")
+            b = x.clone()
+            dist.broadcast(b, src=world - 1, group=fg)
+            check(same_bytes(b, every[-1]), f"broadcast of {numel}")
+            a2a = torch.empty(numel)
+            dist.all_to_all_single(a2a, x, group=fg)
+            check(same_bytes(a2a, torch.cat([e.view(world, -1)[rank] for e in every])), f"all_to_all of {numel}")
+            dist.barrier(group=fg)
+    names = thread_names()
+    check("fg-progress" not in names, f"blocking calls handed work to the progress thread: threads {names}")
+    # The control: rank 0's call cannot complete when it starts (the others join 50 ms later), so
+    # it is handed over.
+    dist.barrier()  # gloo
+    if rank != 0:
+        time.sleep(0.05)
+    work = dist.all_reduce(torch.ones(16), group=fg, async_op=True)
+    work.wait()
+    names = thread_names()
+    check(rank != 0 or "fg-progress" in names, f"an async_op=True call did not start the progress thread: {names}")
+    dist.barrier(group=fg)
+
+
 def wait_timeout(rank, world):
     """Work.wait(timeout) honours its timeout: the op is still in flight and completes later;
     exception() and the future carry an error; is_completed() tests without blocking."""

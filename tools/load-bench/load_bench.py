@@ -3,7 +3,9 @@
 and 4 unrelated busy processes (`while :; do :; done`), fg-bench's all-gather
 (fastgather from C++ on ordinary memory, and Open MPI's MPI_Allgather under
 mpirun, in one fg-bench --compare run) and torch.distributed's
-all_gather_into_tensor (fastgather's backend and gloo), 2 ranks, fp32
+all_gather_into_tensor, all_gather (list) and, for fastgather, its direct
+operator torch.ops.fastgather.all_gather_into_tensor_out (fastgather's backend
+and gloo), 2 ranks, fp32
 (m, 3072) with m = 8 and 128 (96 KB and 1.5 MB per rank). The loads are
 interleaved: the whole sweep runs --rounds times.
 
@@ -52,22 +54,30 @@ def torch_rank(rank, world, port, q):
     out = {}
     for backend in ["fastgather", "gloo"]:
         g = dist.new_group(list(range(world)), backend=backend)
+        h = fastgather.handle(g) if backend == "fastgather" else None
         for m in MS:
             x = torch.randn(m, HIDDEN)
             flat = torch.empty(world * m, HIDDEN)
-            for _ in range(20):
-                dist.all_gather_into_tensor(flat, x, group=g)
-            dist.barrier()
-            times = []
-            for _ in range(CALLS[m]):
-                t0 = time.perf_counter()
-                dist.all_gather_into_tensor(flat, x, group=g)
-                times.append(time.perf_counter() - t0)
-            t = torch.tensor(times, dtype=torch.float64)
-            every = [torch.empty_like(t) for _ in range(world)]
-            dist.all_gather(every, t)
-            slowest = torch.stack(every).max(dim=0).values.tolist()
-            out[(backend, m)] = (statistics.median(slowest), sum(slowest) / len(slowest))
+            parts = [torch.empty(m, HIDDEN) for _ in range(world)]
+            forms = {"tensor": lambda: dist.all_gather_into_tensor(flat, x, group=g),
+                     "list": lambda: dist.all_gather(parts, x, group=g)}
+            if h is not None:
+                forms["direct"] = lambda: torch.ops.fastgather.all_gather_into_tensor_out(x, world, h, out=flat)
+            for form, call in forms.items():
+                for _ in range(20):
+                    call()
+                dist.barrier()
+                times = []
+                for _ in range(CALLS[m]):
+                    t0 = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - t0)
+                t = torch.tensor(times, dtype=torch.float64)
+                every = [torch.empty_like(t) for _ in range(world)]
+                dist.all_gather(every, t)
+                slowest = torch.stack(every).max(dim=0).values.tolist()
+                key = backend if form == "tensor" else f"{backend} {form}"
+                out[(key, m)] = (statistics.median(slowest), sum(slowest) / len(slowest))
     if rank == 0:
         q.put(out)
     dist.barrier()
@@ -133,14 +143,16 @@ def main():
                     results.setdefault((load, prefix + impl, m), []).append(v)
             print(f"round {rnd + 1}, load {load}: done", file=sys.stderr, flush=True)
 
-    impls = ["fastgather", "mpi", "torch+fastgather", "torch+gloo"]
-    names = {"fastgather": "fastgather C++", "mpi": "Open MPI", "torch+fastgather": "torch + fastgather",
-             "torch+gloo": "torch + gloo"}
+    impls = ["fastgather", "mpi", "torch+fastgather", "torch+fastgather list", "torch+fastgather direct",
+             "torch+gloo", "torch+gloo list"]
+    names = {"fastgather": "fastgather C++", "mpi": "Open MPI", "torch+fastgather": "fastgather tensor form",
+             "torch+fastgather list": "fastgather list form", "torch+fastgather direct": "fastgather direct op",
+             "torch+gloo": "gloo tensor form", "torch+gloo list": "gloo list form"}
     print(f"{a.ranks} ranks, {os.cpu_count()} CPUs, fp32 (m, {HIDDEN}); median / mean us of the slowest rank, "
-          f"one cell per round\n")
-    print("| load | per rank | " + " | ".join(names[i] for i in impls) + " | mean: fastgather / Open MPI | "
-          "mean: gloo / torch + fastgather |")
-    print("|---:|---:|" + "---|" * len(impls) + "---:|---:|")
+          f"one cell per round. torch forms: dist.all_gather_into_tensor (tensor), dist.all_gather (list), "
+          f"torch.ops.fastgather.all_gather_into_tensor_out (direct)\n")
+    print("| load | per rank | " + " | ".join(names[i] for i in impls) + " | mean: fastgather / Open MPI |")
+    print("|---:|---:|" + "---|" * len(impls) + "---:|")
 
     def cell(key):
         return ", ".join(f"{md * 1e6:.1f} / {mn * 1e6:.1f}" for md, mn in results.get(key, [])) or "-"
@@ -149,15 +161,35 @@ def main():
         v = results.get(key)
         return statistics.median(mn for _, mn in v) if v else None
 
+    def size_of(m):
+        kb = m * HIDDEN * 4 / 1024
+        return f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
+
     for load in loads:
         for m in MS:
-            kb = m * HIDDEN * 4 / 1024
-            size = f"{kb:g} KB" if kb < 1024 else f"{kb / 1024:g} MB"
             fg, mpi = mean_of((load, "fastgather", m)), mean_of((load, "mpi", m))
-            tf, tg = mean_of((load, "torch+fastgather", m)), mean_of((load, "torch+gloo", m))
             r1 = f"{fg / mpi:.2f}" if fg and mpi else "-"
-            r2 = f"{tg / tf:.1f}x" if tf and tg else "-"
-            print(f"| {load} | {size} | " + " | ".join(cell((load, i, m)) for i in impls) + f" | {r1} | {r2} |")
+            print(f"| {load} | {size_of(m)} | " + " | ".join(cell((load, i, m)) for i in impls) + f" | {r1} |")
+
+    # gloo (its own form) / fastgather's, each round: the smallest of the rounds, by median and by mean.
+    print("\ngloo / fastgather through torch, the worst round (median; mean): each fastgather form against gloo's same "
+          "form (the direct op against gloo's tensor form)\n")
+    pairs = [("torch+fastgather", "torch+gloo"), ("torch+fastgather list", "torch+gloo list"),
+             ("torch+fastgather direct", "torch+gloo")]
+    print("| load | per rank | " + " | ".join(names[f] for f, _ in pairs) + " |")
+    print("|---:|---:|" + "---:|" * len(pairs))
+    for load in loads:
+        for m in MS:
+            cells = []
+            for f, g in pairs:
+                fv, gv = results.get((load, f, m)), results.get((load, g, m))
+                if not fv or not gv:
+                    cells.append("-")
+                    continue
+                worst_md = min(b[0] / a[0] for a, b in zip(fv, gv))
+                worst_mn = min(b[1] / a[1] for a, b in zip(fv, gv))
+                cells.append(f"{worst_md:.1f}x; {worst_mn:.1f}x")
+            print(f"| {load} | {size_of(m)} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
