@@ -49,18 +49,17 @@ struct InPlace {
   at::Tensor& user;
   at::Tensor buf;
   explicit InPlace(at::Tensor& t) : user(t), buf(t.contiguous()) {}
-  at::Tensor& done() {
+  void done() {
     if (!buf.is_same(user)) user.copy_(buf);
-    return user;
   }
 };
 
-at::Tensor& all_reduce_(at::Tensor& t, c10::string_view reduce_op, int64_t group) {
+void all_reduce_(at::Tensor& t, c10::string_view reduce_op, int64_t group) {
   auto pg = group_of_handle(group);
   const fg::ReduceOp red = check_reduce("all_reduce_", t, "the tensor", reduction_named("all_reduce_", reduce_op));
   InPlace io(t);
   run([&] { return fg::all_reduce(pg->group(), view_of(io.buf), view_of(io.buf), {.op = red}); });
-  return io.done();
+  io.done();
 }
 
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view reduce_op, int64_t group) {
@@ -79,7 +78,7 @@ std::vector<int64_t> rows_times(const at::Tensor& t, int64_t factor) {
   return shape;
 }
 
-at::Tensor& all_gather_into_tensor_out(const at::Tensor& input, int64_t group_size, int64_t group, at::Tensor& out) {
+void all_gather_into_tensor_out(const at::Tensor& input, int64_t group_size, int64_t group, at::Tensor& out) {
   constexpr const char* kOp = "all_gather_into_tensor_out";
   auto pg = group_of_handle(group);
   check_size(kOp, *pg, group_size);
@@ -91,7 +90,7 @@ at::Tensor& all_gather_into_tensor_out(const at::Tensor& input, int64_t group_si
   const at::Tensor in = input.contiguous();
   InPlace io(out);
   run([&] { return fg::all_gather(pg->group(), view_of(in), view_of(io.buf)); });
-  return io.done();
+  io.done();
 }
 
 at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t group_size, int64_t group) {
@@ -120,20 +119,21 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, c10::string_view reduc
   return out;
 }
 
-at::Tensor& broadcast_(at::Tensor& t, int64_t src, int64_t group) {
+void broadcast_(at::Tensor& t, int64_t src, int64_t group) {
   auto pg = group_of_handle(group);
   check_tensor(t, "broadcast_", "the tensor");
   TORCH_CHECK_VALUE(src >= 0 && src < pg->getSize(), "fastgather: broadcast_: src ", src, " is not a group rank (0..",
                     pg->getSize() - 1, ")");
   InPlace io(t);
   run([&] { return fg::broadcast(pg->group(), view_of(io.buf), static_cast<int>(src)); });
-  return io.done();
+  io.done();
 }
 
 at::Tensor broadcast(const at::Tensor& input, int64_t src, int64_t group) {
   check_tensor(input, "broadcast", "the input");
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
-  return broadcast_(out, src, group);
+  broadcast_(out, src, group);
+  return out;
 }
 
 }  // namespace
@@ -141,12 +141,14 @@ at::Tensor broadcast(const at::Tensor& input, int64_t src, int64_t group) {
 
 TORCH_LIBRARY_FRAGMENT(fastgather, m) {
   m.def("all_reduce(Tensor input, str reduce_op, int group) -> Tensor");
-  m.def("all_reduce_(Tensor(a!) input, str reduce_op, int group) -> Tensor(a!)");
+  // The in-place and out= forms return nothing: torch.compile functionalizes a
+  // custom operator that writes its argument only if no output aliases it.
+  m.def("all_reduce_(Tensor(a!) input, str reduce_op, int group) -> ()");
   m.def("all_gather_into_tensor(Tensor input, int group_size, int group) -> Tensor");
-  m.def("all_gather_into_tensor_out(Tensor input, int group_size, int group, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("all_gather_into_tensor_out(Tensor input, int group_size, int group, *, Tensor(a!) out) -> ()");
   m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, int group) -> Tensor");
   m.def("broadcast(Tensor input, int src, int group) -> Tensor");
-  m.def("broadcast_(Tensor(a!) input, int src, int group) -> Tensor(a!)");
+  m.def("broadcast_(Tensor(a!) input, int src, int group) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fastgather, CPU, m) {

@@ -249,6 +249,23 @@ def _broadcast_fake(input, src, group):
     return torch.empty_like(input, memory_format=torch.contiguous_format)
 
 
+# The in-place and out= forms write their tensor and return nothing (torch.compile functionalizes
+# a custom operator that mutates an argument only if no output aliases it).
+@torch.library.register_fake("fastgather::all_reduce_")
+def _all_reduce_inplace_fake(input, reduce_op, group):
+    return None
+
+
+@torch.library.register_fake("fastgather::all_gather_into_tensor_out")
+def _all_gather_into_tensor_out_fake(input, group_size, group, *, out):
+    return None
+
+
+@torch.library.register_fake("fastgather::broadcast_")
+def _broadcast_inplace_fake(input, src, group):
+    return None
+
+
 # A collective must run on every rank even where its result goes unused: never dropped from a graph.
 for _op in ("all_reduce", "all_reduce_", "all_gather_into_tensor", "all_gather_into_tensor_out",
             "reduce_scatter_tensor", "broadcast", "broadcast_"):

@@ -1083,7 +1083,7 @@ def direct_ops(rank, world, tp, dp):
                 check(same_bytes(got, want) and same_bytes(x, pattern(rank, dtype, shape)),
                       f"all_reduce {red} {dtype} {shape}: differs from dist.all_reduce, or the input changed")
                 y = x.clone()
-                check(ops.all_reduce_(y, red, h) is not None and same_bytes(y, want), f"all_reduce_ {red} {dtype} {shape}")
+                check(ops.all_reduce_(y, red, h) is None and same_bytes(y, want), f"all_reduce_ {red} {dtype} {shape}")
                 ref = x.clone()
                 # (gloo rounds fp16/bf16 sums at every step, fastgather once: compared where both are exact.)
                 exact = dtype not in (torch.float16, torch.bfloat16)
@@ -1125,6 +1125,20 @@ def direct_ops(rank, world, tp, dp):
         x = (pattern(rank, torch.float32, (rows, 16), salt=rows) - 60) / 64
         check(same_bytes(fast(x), layer(x)), f"compiled vs eager, {rows} rows")
 
+    # And the in-place and out= forms (their fake kernels return the tensor they write).
+    def layer_in_place(x):
+        y = x * 2
+        ops.all_reduce_(y, "avg", h)
+        out = x.new_empty((n * x.shape[0], x.shape[1]))
+        ops.all_gather_into_tensor_out(y, n, h, out=out)
+        ops.broadcast_(out, n - 1, h)
+        return out + 1
+
+    fast_in_place = torch.compile(layer_in_place, fullgraph=True)
+    for rows in [n, 3 * n]:
+        x = (pattern(rank, torch.float32, (rows, 16), salt=rows) - 60) / 64
+        check(same_bytes(fast_in_place(x), layer_in_place(x)), f"compiled in place vs eager, {rows} rows")
+
     # Misuse: the reason, on every rank alike (nothing is sent, so the group goes on).
     x = torch.ones(4 * n)
     for what, exc, fn, words in [
@@ -1137,11 +1151,13 @@ def direct_ops(rank, world, tp, dp):
             ("an out of the wrong size", ValueError,
              lambda: ops.all_gather_into_tensor_out(x, n, h, out=torch.empty(4 * n * n + 1)), "out"),
             ("a src out of the group", ValueError, lambda: ops.broadcast(x, n, h), "src"),
-            ("None", (TypeError, RuntimeError), lambda: ops.all_reduce(None, "sum", h), ""),
-            ("a meta tensor in place", NotImplementedError,
-             lambda: ops.all_reduce_(torch.empty(4, device="meta"), "sum", h), "Meta")]:
+            ("None", (TypeError, RuntimeError), lambda: ops.all_reduce(None, "sum", h), "")]:
         msg = raises(what, exc, fn)
         check(words in msg, f"{what}: {msg}")
+    # A meta tensor has a shape and no bytes: the fake kernels answer, nothing is sent.
+    m = torch.empty(4 * n, device="meta")
+    check(ops.all_reduce_(m, "sum", h) is None, "all_reduce_ of a meta tensor")
+    check(ops.all_gather_into_tensor(m, n, h).shape == (4 * n * n,), "all_gather_into_tensor of a meta tensor")
     # The group goes on.
     check(same_bytes(ops.all_reduce(x, "sum", h), x * n), "after the refusals")
     dist.barrier(group=fg)
