@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "core/group_impl.hpp"
 #include "fastgather/fastgather.hpp"
 #include "harness.hpp"
 #include "transport/wait_policy.hpp"
@@ -433,4 +434,46 @@ TEST(StreamingCopyOut, EveryByteWhateverTheInput) {
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, true, false, Input::kSymmetric); }));
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, true, false, Input::kTensor); }));
   fgtest::expect_all_ok(fgtest::run_job(3, [](const Config& c) { return body(c, false, true, Input::kPlain); }));
+}
+
+// The chooser of how to copy into the ring (algo/copy_in.*) learns from the
+// calls that copy into it only: a block read where it lies in the heap
+// copies nothing, and its calls' times, filed under either way, made the
+// two look alike (fg-bench --compare alternates heap and private inputs on
+// one group). Below single copy's size, so that both go through the ring.
+TEST(CopyIn, OnlyCallsThatCopyIntoTheRingTeachTheChooser) {
+  fgtest::expect_all_ok(fgtest::run_job(2, [](const Config& c) -> std::string {
+    auto comm = Communicator::create(c);
+    RANK_OK(comm.status());
+    Group& g = (*comm)->world();
+    RANK_CHECK(g.has_symmetric_heap(), "no symmetric heap");
+    constexpr size_t kBytes = 384 << 10;
+    constexpr int kCalls = 12;
+    const algo::CopyInChooser& chooser = impl_of(g)->copy_in;
+    auto heap = g.empty(DType::kU8, {static_cast<int64_t>(kBytes)});
+    RANK_OK(heap.status());
+    std::vector<char> plain(kBytes);
+    Tensor out = Tensor::empty(DType::kU8, {static_cast<int64_t>(kBytes) * 2});
+    uint64_t it = 0;
+    for (bool from_heap : {true, false}) {
+      const uint64_t before = chooser.recorded(kBytes);
+      const TensorView in = from_heap ? heap.value().view() : TensorView(plain.data(), DType::kU8, {static_cast<int64_t>(kBytes)});
+      for (int k = 0; k < kCalls; ++k) {
+        ++it;
+        fill_pattern(in.data, kBytes, g.rank(), it);
+        CallStats st;
+        RANK_OK(all_gather(g, in, out.view(), {.stats = &st}));
+        RANK_CHECK(st.in_place == from_heap && !st.single_copy, "heap {}: in place {}, single copy {}", from_heap,
+                   st.in_place, st.single_copy);
+        for (int r = 0; r < 2; ++r) {
+          const long long bad = check_pattern(out.data_as<char>() + static_cast<size_t>(r) * kBytes, kBytes, r, it);
+          RANK_CHECK(bad < 0, "heap {}: rank {}'s block wrong at byte {}", from_heap, r, bad);
+        }
+      }
+      const uint64_t learned = chooser.recorded(kBytes) - before;
+      RANK_CHECK(learned == (from_heap ? 0 : kCalls), "{} calls from {}: the chooser recorded {}", kCalls,
+                 from_heap ? "the heap" : "ordinary memory", learned);
+    }
+    return "";
+  }));
 }

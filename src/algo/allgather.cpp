@@ -237,8 +237,18 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
     if (!fell_back) co_return Status::Ok();
     protocol = Protocol::kCopyInOut;  // headers compared, own block placed: copy-in/copy-out from here
   }
+  const size_t mine = contributes ? call.block(me) : 0;
   // How to copy into the ring: whichever has made whole calls faster here.
-  const CopyIn how = call.copy_in != nullptr && protocol == Protocol::kCopyInOut ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
+  // Only a call that copies into this member's ring asks and teaches the
+  // chooser: a block posted where it lies (its owner's heap), or none (a
+  // broadcast's other members), copies nothing unless the ring forwards
+  // others' blocks, and its time says nothing of either way (fg-bench
+  // --compare alternates heap and private inputs on one group: the heap's
+  // calls, timed into whichever way was picked, made the two ways look alike).
+  const bool copies_own = mine != 0 && !(plan.in_place && ch.in_place(call.input, mine).has_value());
+  const bool learns = call.copy_in != nullptr && protocol == Protocol::kCopyInOut &&
+                      (copies_own || plan.schedule == Schedule::kRing);
+  const CopyIn how = learns ? call.copy_in->pick(call.bytes) : CopyIn::kCached;
   if (call.stats != nullptr) call.stats->streamed_in = how == CopyIn::kStreaming;
   const size_t piece = plan.piece;
 
@@ -248,7 +258,6 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
   // first step, or with own_each_step a piece at each step, just after it
   // was copied into the ring: still in this core's cache.
   using TakePiece = FunctionRef<void(int peer, size_t offset, const std::byte* src)>;
-  const size_t mine = contributes ? call.block(me) : 0;
   // The bytes of `member`'s block in the step at `off`.
   auto piece_of = [&](int member, size_t off) {
     const size_t b = call.block(member);
@@ -317,7 +326,7 @@ engine::Task<Status> gather(transport::Channel& ch, GatherCall call, const CallP
   }
   if (Status s = co_await finish(st); !s.ok()) co_return s;
   if (call.stats != nullptr) call.stats->in_place = st.in_place;
-  if (call.copy_in != nullptr && protocol == Protocol::kCopyInOut) {
+  if (learns) {
     call.copy_in->record(call.bytes, how, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - started).count());
   }
   co_return Status::Ok();

@@ -87,6 +87,11 @@ float CopyInChooser::Arm::median() const {
   return v[n / 2];
 }
 
+uint64_t CopyInChooser::recorded(size_t bytes) const {
+  const SizeClass& c = classes_[size_class(bytes)];
+  return uint64_t{c.arms[0].samples} + c.arms[1].samples;
+}
+
 void CopyInChooser::record(size_t bytes, CopyIn how, double call_ns) {
   if (forced_ >= 0 || bytes < kMinLearnedBytes) return;
   Arm& a = classes_[size_class(bytes)].arms[static_cast<size_t>(how)];

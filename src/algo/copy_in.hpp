@@ -43,6 +43,8 @@ class CopyInChooser {
   explicit CopyInChooser(Settings::CopyIn forced = Settings::CopyIn::kLearned);
   CopyIn pick(size_t bytes);
   void record(size_t bytes, CopyIn how, double call_ns);
+  // The calls recorded so far in `bytes`'s size class, both ways together.
+  uint64_t recorded(size_t bytes) const;
 
   static constexpr size_t kMinLearnedBytes = 16 * 1024;  // below: lines are few, cached wins
 
