@@ -144,12 +144,12 @@ static_assert(sizeof(Offer) <= 32);
 // ring on a quiet host, measured), everyone says *fell_back and the caller
 // runs copy-in/copy-out from here - the same decision on every member, from
 // the same posts. On a crowded host (more tasks runnable than cores, beyond
-// the job's ranks: Channel::crowded) an owner offers ordinary
-// memory too, up to kCrowdedSingleCopyMaxBytes: each step of the ring waits
-// for every member to be scheduled, and there a wait costs a time slice;
-// single copy has two steps however large the block. Otherwise each member reads each peer's block straight into
-// its landing place, handing it to the sink piece by piece, and takes a
-// second step: "done reading". An owner leaves only once every peer has
+// the job's ranks: Channel::crowded) an owner offers ordinary memory too, up
+// to kCrowdedSingleCopyMaxBytes: each step of the ring waits for every
+// member to be scheduled, and there a wait costs a time slice; single copy
+// has two steps however large the block. Otherwise each member reads each
+// peer's block straight into its landing place, handing it to the sink
+// piece by piece, and takes a second step: "done reading". An owner leaves only once every peer has
 // posted that, so its input stays valid as long as anyone reads it.
 engine::Task<Status> single_copy(CallState& st, bool* fell_back, PieceSink sink) {
   transport::Channel& ch = st.ch;
