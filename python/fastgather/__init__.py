@@ -31,10 +31,19 @@ below are they with torch_npu's signatures and argument checks.
 import torch
 import torch.distributed as dist
 
-from . import _C
+from ._built_with import TORCH_VERSION as _BUILT_WITH
+
+# The extension's C++ calls torch's by name: it loads only beside the torch release it was built
+# against (an undefined symbol otherwise, or worse). Said plainly, before loading it.
+if torch.__version__.split("+")[0] != _BUILT_WITH.split("+")[0]:
+    raise ImportError(f"fastgather was built against torch {_BUILT_WITH}, but this Python imports torch "
+                      f"{torch.__version__} (from {torch.__file__}); rebuild fastgather against it: "
+                      f"pip install --no-build-isolation --force-reinstall fastgather (from its source)")
+
+from . import _C  # noqa: E402
 
 __all__ = ["all_gather_base_mm", "mm_reduce_scatter_base", "empty", "get_comm_name", "handle", "transport", "backend_of",
-           "set_settings", "settings", "BACKEND"]
+           "set_settings", "settings", "serve_deepspeed", "BACKEND"]
 
 BACKEND = "fastgather"
 
@@ -93,6 +102,44 @@ def handle(group):
     ``n`` is the group's size (checked); reductions: sum, avg, product, min, max, band, bor, bxor.
     The out-of-place forms trace under torch.compile(fullgraph=True)."""
     return backend_of(group).handle()
+
+
+def serve_deepspeed():
+    """DeepSpeed's ``inference_all_reduce`` on fastgather's direct operator, for groups on fastgather.
+
+    DeepSpeed's tensor-parallel inference (AutoTP's row-parallel layers and LM head) sums each
+    layer's partial output with ``deepspeed.comm.inference_all_reduce``: its own shared-memory op
+    where it was built (SUM only; fp32 alone without AVX-512), else ``torch.distributed.all_reduce``.
+    After this call a SUM on a group served by fastgather (the world, after
+    ``deepspeed.init_distributed(dist_backend="fastgather")``) is ``torch.ops.fastgather.all_reduce_``
+    on the caller's thread, every dtype; other reductions and other groups go where they went.
+    Idempotent; raises ImportError without deepspeed."""
+    import importlib
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # (deepspeed.comm's attribute "torch" is torch)
+    from deepspeed.comm.reduce_op import ReduceOp as DsReduceOp
+
+    backend_cls = ds_torch.TorchBackend
+    if getattr(backend_cls, "_fastgather", False):
+        return
+    original = backend_cls.inference_all_reduce
+    handles = {}  # group -> handle, or None where the group is not fastgather's
+
+    def inference_all_reduce(self, tensor, op=DsReduceOp.SUM, group=None):
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        h = handles.get(pg, -1)
+        if h == -1:
+            try:
+                h = handle(pg)
+            except ValueError:  # a group on another backend
+                h = None
+            handles[pg] = h
+        if h is None or op not in (DsReduceOp.SUM, dist.ReduceOp.SUM):
+            return original(self, tensor, op, group)
+        torch.ops.fastgather.all_reduce_(tensor, "sum", h)
+        return tensor
+
+    backend_cls.inference_all_reduce = inference_all_reduce
+    backend_cls._fastgather = True
 
 
 def set_settings(**settings):

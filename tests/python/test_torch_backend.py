@@ -182,3 +182,17 @@ def test_moe_all_to_all_routing_with_autograd_matches_gloo(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel_and_loss_parallel_match_gloo(world):
     run_ranks(world, "sequence_and_loss_parallel", timeout=180)
+
+
+def test_a_torch_other_than_the_one_built_against_is_named():
+    """The extension loads only beside the torch release it was built against: another one is
+    refused by name at import, before the extension is loaded (not an undefined symbol)."""
+    code = "import torch\ntorch.__version__ = '2.99.0+cpu'\nimport fastgather\n"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "fastgather was built against torch" in p.stderr and "imports torch 2.99.0+cpu" in p.stderr, p.stderr
+    assert "fastgather._C" not in p.stderr
+    import torch
+    ok = subprocess.run([sys.executable, "-c", f"import torch\ntorch.__version__ = '{torch.__version__.split('+')[0]}+other'\n"
+                         "import fastgather\nprint(fastgather.BACKEND)"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.strip() == "fastgather", ok.stderr  # the build's variant may differ
