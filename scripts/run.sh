@@ -79,7 +79,13 @@ engines() {
   phase "engines: venv (vLLM, DeepSpeed, accelerate)"
   engines_env
   phase "engines: pip install fastgather"
-  "$ENGINES_VENV/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall .
+  # With its dependencies: the torch vLLM pinned satisfies fastgather's, and must stay.
+  local torch_before torch_after
+  torch_before=$("$ENGINES_VENV/bin/python" -c "import torch; print(torch.__version__)")
+  "$ENGINES_VENV/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps .
+  "$ENGINES_VENV/bin/pip" install -q --no-build-isolation .
+  torch_after=$("$ENGINES_VENV/bin/python" -c "import torch; print(torch.__version__)")
+  [ "$torch_before" = "$torch_after" ] || { echo "pip install of fastgather replaced torch $torch_before by $torch_after"; return 1; }
   phase "engines: tests"
   (cd tests/engines && "../../$ENGINES_VENV/bin/python" -m pytest -q -p no:cacheprovider .)
   phase "engines: mutation checks"

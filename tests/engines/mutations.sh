@@ -5,7 +5,7 @@
 # the copy too), one mutation applied to the copy at a time, and the test run against it.
 #   tests/engines/mutations.sh PYTHON   (the engines venv's interpreter, fastgather pip-installed)
 set -euo pipefail
-PY=$1
+PY=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # absolute (the tests run from tests/engines), links kept
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
