@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -113,18 +114,31 @@ def main():
         model = make_model.make_model(tempfile.mkdtemp(prefix="fg-llm-"), "large", "bfloat16")
     cells = list(configs(parts, args.dtypes.split(","), [int(b) for b in args.batches.split(",")]))
     results = {}
-    for r in range(args.rounds):
-        for part, dtype, batch in cells:
-            order = ["gloo", "fastgather"] if r % 2 == 0 else ["fastgather", "gloo"]
-            for backend in order:
-                res = PARTS[part](model, backend, dtype, batch)
-                results.setdefault(f"{part} {dtype} batch {batch}", {}).setdefault(backend, []).append(res)
-                print(f"round {r + 1} {part} {dtype} batch {batch} {backend}: {res}", flush=True)
+    # Stopped early (SIGTERM, a timeout, Ctrl-C), it still prints the rounds each backend completed.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        for r in range(args.rounds):
+            for part, dtype, batch in cells:
+                order = ["gloo", "fastgather"] if r % 2 == 0 else ["fastgather", "gloo"]
+                for backend in order:
+                    res = PARTS[part](model, backend, dtype, batch)
+                    results.setdefault(f"{part} {dtype} batch {batch}", {}).setdefault(backend, []).append(res)
+                    print(f"round {r + 1} {part} {dtype} batch {batch} {backend}: {res}", flush=True)
+    except KeyboardInterrupt:
+        print("stopped: the table holds the rounds both backends completed", flush=True)
+    report(results, args.json, model)
+
+
+def report(results, json_path, model):
     print()
     print("| engine, dtype, batch | metric | gloo: median [range] | fastgather: median [range] | gloo / fastgather, "
           "per round | fastgather's communication share (both ranks, per round) |")
     print("|---|---|---:|---:|---|---|")
     for cell, by in results.items():
+        done = min(len(by.get("gloo", [])), len(by.get("fastgather", [])))
+        if done == 0:
+            continue
+        by = {k: v[:done] for k, v in by.items()}
         metric = "tokens/s" if cell.startswith("vllm-throughput") else "ms per output token"
         key = "tokens_per_s" if metric == "tokens/s" else "ms_per_token"
         g = [x[key] for x in by["gloo"]]
@@ -134,8 +148,8 @@ def main():
         print(f"| {cell} | {metric} | {statistics.median(g):.1f} [{min(g):.1f}-{max(g):.1f}] | "
               f"{statistics.median(f):.1f} [{min(f):.1f}-{max(f):.1f}] | "
               f"{', '.join(f'{x:.2f}x' for x in ratios)} | {share or '-'} |")
-    if args.json:
-        with open(args.json, "w") as fh:
+    if json_path:
+        with open(json_path, "w") as fh:
             json.dump({"model": model, "results": results}, fh, indent=1)
 
 
