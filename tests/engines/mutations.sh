@@ -20,6 +20,7 @@ MUTATIONS=(
   "vLLM's all_reduce goes through torch.distributed|fastgather_vllm/communicator.py|s/torch\.ops\.fastgather\.all_reduce_\(input_, \x22sum\x22, self\._handle\)/torch.distributed.all_reduce(input_, group=self.device_group)/|test_vllm.py::test_communicator_sends_each_per_token_collective_to_the_direct_operators[2-bfloat16]"
   "vLLM's all_gather along a later dimension keeps the rows' order|fastgather_vllm/communicator.py|s/\.movedim\(0, dim\)/.movedim(0, 0)/|test_vllm.py::test_communicator_sends_each_per_token_collective_to_the_direct_operators[2-bfloat16]"
   "vLLM's reduce_scatter along a later dimension scatters rows|fastgather_vllm/communicator.py|s/x = input_\.movedim\(dim, 0\) if dim else input_/x = input_/|test_vllm.py::test_communicator_sends_each_per_token_collective_to_the_direct_operators[3-float32]"
+  "FG_VLLM_TIMES counts no call|fastgather_vllm/communicator.py|s/times\[\x22calls\x22\] \+= 1/times[\x22calls\x22] += 0/|test_vllm.py::test_communicator_sends_each_per_token_collective_to_the_direct_operators[3-float32]"
   "DeepSpeed's inference_all_reduce is left where it went|fastgather/__init__.py|s/    backend_cls\.inference_all_reduce = inference_all_reduce\n//|test_hf_deepspeed.py::test_serve_deepspeed_sums_fastgather_groups_on_the_direct_operator"
   "DeepSpeed's other reductions are summed too|fastgather/__init__.py|s/if h is None or op not in \(DsReduceOp\.SUM, dist\.ReduceOp\.SUM\):/if h is None:/|test_hf_deepspeed.py::test_serve_deepspeed_sums_fastgather_groups_on_the_direct_operator"
 )

@@ -5,6 +5,7 @@ the entry point must come from the installed package's metadata, as a user's wou
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,11 +16,14 @@ from engines_common import TOOLS, tiny_model  # noqa: F401  (a fixture)
 vllm = pytest.importorskip("vllm")
 
 
-def generate(model, fg_vllm, tp=2, dtype="bfloat16"):
+def generate(model, fg_vllm, tp=2, dtype="bfloat16", times=False):
     env = dict(os.environ)
     env.pop("FG_VLLM", None)
+    env.pop("FG_VLLM_TIMES", None)
     if fg_vllm is not None:
         env["FG_VLLM"] = fg_vllm
+    if times:
+        env["FG_VLLM_TIMES"] = "1"
     p = subprocess.run([sys.executable, str(TOOLS / "vllm_generate.py"), model, "--tp", str(tp), "--dtype", dtype],
                        env=env, capture_output=True, text=True, timeout=900)
     log = p.stdout + p.stderr
@@ -31,7 +35,7 @@ def generate(model, fg_vllm, tp=2, dtype="bfloat16"):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_tp2_on_fastgather_gives_gloos_tokens_and_is_off_by_default(tiny_model, dtype):
     plain, plain_log = generate(tiny_model, None, dtype=dtype)
-    fg, fg_log = generate(tiny_model, "1", dtype=dtype)
+    fg, fg_log = generate(tiny_model, "1", dtype=dtype, times=dtype == "float32")
     # Without the setting vLLM is untouched: gloo, its own communicator.
     assert "backend=gloo" in plain_log and "backend=fastgather" not in plain_log
     assert "fastgather: group" not in plain_log
@@ -42,6 +46,13 @@ def test_tp2_on_fastgather_gives_gloos_tokens_and_is_off_by_default(tiny_model, 
     assert len(fg) == 4 and all(len(t) == 16 for t in fg)
     assert len({tuple(t) for t in fg}) > 1  # the prompts lead to different tokens: the model is not degenerate
     assert fg == plain
+    # FG_VLLM_TIMES=1 (the benchmark's communication share): each rank says its time in the collectives.
+    said = re.findall(r"fastgather: group tp:0 rank (\d): (\d+) collectives, ([\d.]+) s of the ([\d.]+) s", fg_log)
+    if dtype == "float32":
+        assert sorted(r for r, *_ in said) == ["0", "1"], fg_log[-6000:]
+        assert all(int(n) > 0 and 0 < float(a) <= float(b) for _, n, a, b in said), said
+    else:
+        assert not said
 
 
 def run_register(env_value, prelude="", extra_path=None):
@@ -98,6 +109,9 @@ def communicator_rank(rank, world, port, dtype_name, q):
     from fastgather_vllm.communicator import FastgatherCommunicator
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        timed = world == 3  # FG_VLLM_TIMES=1 in one case: the calls are timed, and still right
+        if timed:
+            os.environ["FG_VLLM_TIMES"] = "1"
         ranks = list(range(world))
         comm = FastgatherCommunicator(dist.new_group(ranks, backend="gloo"),
                                       device_group=dist.new_group(ranks, backend="fastgather"), unique_name="tp:0")
@@ -138,6 +152,11 @@ def communicator_rank(rank, world, port, dtype_name, q):
             raise AssertionError("an indivisible reduce_scatter was accepted")
         except ValueError as e:
             assert "does not divide" in str(e)
+        if timed:  # 2 all_reduce, 4 all_gather, 3 reduce_scatter and the refused one
+            assert comm._times["calls"] == 10 and comm._times["seconds"] > 0, comm._times
+            assert comm._times["last"] - comm._times["first"] >= comm._times["seconds"]
+        else:
+            assert comm._times is None
         q.put((rank, "ok"))
     except BaseException as e:  # noqa: BLE001  (reported to the parent)
         import traceback
