@@ -17,7 +17,7 @@ import os
 import socket
 import time
 
-PROMPTS = ["The ring buffer of every rank", "all-gather and matmul", "Errors, not hangs:", "1 2 3 4 5"]
+from make_model import PROMPTS  # (this script's folder is first on sys.path)
 
 
 def free_port():
@@ -28,15 +28,12 @@ def free_port():
 
 def decode_ms(model, ids, steps):
     """Time per output token: (time of steps + 1 tokens - time of 1 token) / steps, the best of three."""
-    import torch
-
     def run(n):
         t = time.perf_counter()
         model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         return time.perf_counter() - t
 
     best = min(run(steps + 1) - run(1) for _ in range(3))
-    del torch
     return 1e3 * best / steps
 
 

@@ -85,6 +85,10 @@ PARTS = {"vllm-latency": vllm_latency, "vllm-throughput": vllm_throughput, "hf":
          "deepspeed": hf_tpot("deepspeed")}
 
 
+def stop(signum, frame):
+    raise KeyboardInterrupt
+
+
 def configs(parts, dtypes, batches):
     for part in parts:
         for dtype in dtypes:
@@ -115,7 +119,7 @@ def main():
     cells = list(configs(parts, args.dtypes.split(","), [int(b) for b in args.batches.split(",")]))
     results = {}
     # Stopped early (SIGTERM, a timeout, Ctrl-C), it still prints the rounds each backend completed.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, stop)
     try:
         for r in range(args.rounds):
             for part, dtype, batch in cells:

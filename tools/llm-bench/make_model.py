@@ -12,6 +12,9 @@ import json
 import os
 import pathlib
 
+# What the generation tools (vllm_generate.py, hf_generate.py) feed the made model.
+PROMPTS = ["The ring buffer of every rank", "all-gather and matmul", "Errors, not hangs:", "1 2 3 4 5"]
+
 SIZES = {
     # hidden, layers, heads, kv heads, intermediate, vocabulary
     "tiny": (256, 2, 4, 2, 704, 1024),
